@@ -1,0 +1,69 @@
+// Command rxevm runs a command on a Soft-RoCE (rdma_rxe) device: inside a
+// fresh qemu guest when this host has no RDMA device, directly otherwise.
+// It exits with the command's exit status, so it works as `go test -exec`:
+//
+//	go test -exec "$(pwd)/bin/rxevm" ./integration/...
+//	rxevm ibv_devinfo
+//	rxevm -guests 2 sh -c 'echo $RDMACM_TEST_ADDR $RDMACM_TEST_PEER_ADDR'
+//
+// The guest sees the host's root read-only, the caller's working directory
+// and environment, and RDMACM_TEST_ADDR (the address rxe0 is bound to),
+// RDMACM_TEST_DEVICE, RXEVM_GUEST and, with two guests, RDMACM_TEST_PEER_ADDR.
+// TMPDIR is /var/tmp, a tmpfs.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-rdma/rdmacm/internal/testbed"
+)
+
+func main() {
+	guestAgent := flag.String("guest-agent", "", "internal: run the job file `path` inside a guest")
+	guests := flag.Int("guests", 1, "number of guests: 1, or 2 joined by a UDP link (each with rxe0 on eth0)")
+	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long (env RXEVM_TIMEOUT)")
+	memory := flag.Int("memory", 2048, "guest memory in MiB")
+	verbose := flag.Bool("v", os.Getenv("RXEVM_VERBOSE") != "", "stream the guests' consoles to stderr (env RXEVM_VERBOSE)")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: rxevm [flags] command [args...]\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+
+	if *guestAgent != "" {
+		if err := testbed.GuestAgent(*guestAgent); err != nil {
+			fmt.Fprintf(os.Stderr, "rxevm guest agent: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	code, err := testbed.Run(ctx, flag.Args(), testbed.Options{
+		Guests: *guests, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory,
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)
+		if code == 0 {
+			code = 125
+		}
+	}
+	os.Exit(code)
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}

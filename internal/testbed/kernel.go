@@ -1,0 +1,140 @@
+package testbed
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Kernel is an extracted Debian kernel package: the image qemu boots and the
+// module tree the initramfs is built from.
+type Kernel struct {
+	Version string // e.g. "6.1.0-56-amd64"
+	Root    string // where the .deb was extracted (holds boot/ and lib/modules/)
+}
+
+// Image is the path of the bootable kernel image.
+func (k Kernel) Image() string { return filepath.Join(k.Root, "boot", "vmlinuz-"+k.Version) }
+
+// CacheDir is where kernels are kept between runs: $RXEVM_CACHE, or
+// <user cache dir>/rdmacm-testbed. It is outside the work tree on purpose, so a
+// fresh clone reuses the ~70 MB download and git never sees it.
+func CacheDir() (string, error) {
+	if d := os.Getenv("RXEVM_CACHE"); d != "" {
+		return d, nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory (set RXEVM_CACHE): %w", err)
+	}
+	return filepath.Join(d, "rdmacm-testbed"), nil
+}
+
+// EnsureKernel returns the kernel that Debian's linux-image-amd64 currently
+// depends on, downloading and extracting it into the cache the first time.
+// The ABI number moves with point releases, so the name is resolved every
+// time; when apt cannot answer (offline), the newest cached kernel is used.
+func EnsureKernel(logf func(string, ...any)) (Kernel, error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return Kernel{}, err
+	}
+	kdir := filepath.Join(cache, "kernel")
+	pkg, resolveErr := resolveKernelPackage()
+	if resolveErr != nil {
+		if k, ok := newestCachedKernel(kdir); ok {
+			logf("testbed: %v; using cached kernel %s", resolveErr, k.Version)
+			return k, nil
+		}
+		return Kernel{}, resolveErr
+	}
+	version := strings.TrimPrefix(pkg, "linux-image-")
+	k := Kernel{Version: version, Root: filepath.Join(kdir, version)}
+	if _, err := os.Stat(filepath.Join(k.Root, ".complete")); err == nil {
+		return k, nil
+	}
+	logf("testbed: downloading and extracting %s (once; cached in %s)", pkg, kdir)
+	if err := fetchKernel(pkg, k); err != nil {
+		return Kernel{}, err
+	}
+	return k, nil
+}
+
+func resolveKernelPackage() (string, error) {
+	if _, err := exec.LookPath("apt-cache"); err != nil {
+		return "", errors.New("apt-cache not found: the testbed needs a Debian or Ubuntu host to fetch its kernel")
+	}
+	out, err := exec.Command("apt-cache", "depends", "linux-image-amd64").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("apt-cache depends linux-image-amd64: %v: %s (run `apt-get update`)", err, bytes.TrimSpace(out))
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		if name, ok := strings.CutPrefix(line, "Depends: "); ok && strings.HasPrefix(name, "linux-image-") {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("apt-cache depends linux-image-amd64 names no kernel package (run `apt-get update`): %s", out)
+}
+
+func fetchKernel(pkg string, k Kernel) error {
+	for _, tool := range []string{"apt-get", "dpkg-deb", "depmod"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found: run `make deps` (installs kmod) on a Debian host", tool)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(k.Root), 0o755); err != nil {
+		return err
+	}
+	dl, err := os.MkdirTemp(filepath.Dir(k.Root), "download-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dl)
+	if err := run(dl, "apt-get", "download", pkg); err != nil {
+		return fmt.Errorf("downloading %s: %w", pkg, err)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dl, "*.deb"))
+	if len(debs) != 1 {
+		return fmt.Errorf("apt-get download %s left %d .deb files, want 1", pkg, len(debs))
+	}
+	// Extract next to the final place and rename, so an interrupted run never
+	// leaves a half-extracted kernel that looks complete.
+	staging := filepath.Join(dl, "root")
+	if err := run(dl, "dpkg-deb", "-x", debs[0], staging); err != nil {
+		return err
+	}
+	if err := run(dl, "depmod", "-b", staging, k.Version); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(staging, ".complete"), nil, 0o644); err != nil {
+		return err
+	}
+	os.RemoveAll(k.Root)
+	return os.Rename(staging, k.Root)
+}
+
+func newestCachedKernel(kdir string) (Kernel, bool) {
+	stamps, _ := filepath.Glob(filepath.Join(kdir, "*", ".complete"))
+	if len(stamps) == 0 {
+		return Kernel{}, false
+	}
+	sort.Strings(stamps)
+	root := filepath.Dir(stamps[len(stamps)-1])
+	return Kernel{Version: filepath.Base(root), Root: root}, true
+}
+
+func run(dir, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}

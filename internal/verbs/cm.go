@@ -1,0 +1,367 @@
+package verbs
+
+/*
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <netdb.h>
+#include "shim.h"
+
+static int go_set_nonblock(int fd) {
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0)
+		return -1;
+	return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"net"
+	"syscall"
+	"unsafe"
+)
+
+// MaxConnPrivateData and MaxRejectPrivateData are the private data limits of
+// an RC connect/accept and a reject over InfiniBand CM (RoCE uses the same),
+// as documented in rdma_connect(3) and rdma_reject(3).
+const (
+	MaxConnPrivateData   = 56
+	MaxAcceptPrivateData = 196
+	MaxRejectPrivateData = 148
+)
+
+// EventChannel is an rdma_event_channel whose fd is non-blocking: GetEvent
+// returns EAGAIN instead of parking a thread in C, and the fd is waited on
+// through Go's netpoller by the caller.
+type EventChannel struct{ p *C.struct_rdma_event_channel }
+
+// NewEventChannel creates a non-blocking CM event channel.
+func NewEventChannel() (*EventChannel, error) {
+	p, err := C.rdma_create_event_channel()
+	if p == nil {
+		if err == syscall.ENODEV || err == syscall.ENOENT {
+			return nil, fmt.Errorf("rdma_create_event_channel: %w (%w)", err, ErrNoDevice)
+		}
+		return nil, callError("rdma_create_event_channel", err)
+	}
+	if ret, err := C.go_set_nonblock(p.fd); ret != 0 {
+		C.rdma_destroy_event_channel(p)
+		return nil, callError("fcntl(O_NONBLOCK) on the CM event channel", err)
+	}
+	return &EventChannel{p: p}, nil
+}
+
+// Fd is the channel's file descriptor, readable when an event is pending.
+func (c *EventChannel) Fd() int { return int(c.p.fd) }
+
+// Destroy destroys the channel. Every id on it must be destroyed first.
+func (c *EventChannel) Destroy() { C.rdma_destroy_event_channel(c.p) }
+
+// EventType is rdma_cm_event_type.
+type EventType int
+
+// CM event types.
+const (
+	EventAddrResolved    EventType = C.RDMA_CM_EVENT_ADDR_RESOLVED
+	EventAddrError       EventType = C.RDMA_CM_EVENT_ADDR_ERROR
+	EventRouteResolved   EventType = C.RDMA_CM_EVENT_ROUTE_RESOLVED
+	EventRouteError      EventType = C.RDMA_CM_EVENT_ROUTE_ERROR
+	EventConnectRequest  EventType = C.RDMA_CM_EVENT_CONNECT_REQUEST
+	EventConnectResponse EventType = C.RDMA_CM_EVENT_CONNECT_RESPONSE
+	EventConnectError    EventType = C.RDMA_CM_EVENT_CONNECT_ERROR
+	EventUnreachable     EventType = C.RDMA_CM_EVENT_UNREACHABLE
+	EventRejected        EventType = C.RDMA_CM_EVENT_REJECTED
+	EventEstablished     EventType = C.RDMA_CM_EVENT_ESTABLISHED
+	EventDisconnected    EventType = C.RDMA_CM_EVENT_DISCONNECTED
+	EventDeviceRemoval   EventType = C.RDMA_CM_EVENT_DEVICE_REMOVAL
+	EventAddrChange      EventType = C.RDMA_CM_EVENT_ADDR_CHANGE
+	EventTimewaitExit    EventType = C.RDMA_CM_EVENT_TIMEWAIT_EXIT
+)
+
+// String is librdmacm's name for the event (rdma_event_str).
+func (t EventType) String() string {
+	return C.GoString(C.rdma_event_str(C.enum_rdma_cm_event_type(t)))
+}
+
+// Event is one CM event, copied out of C. It must be acked exactly once.
+type Event struct {
+	Type EventType
+	// Status is the event's status; for REJECTED it is the IB CM reject
+	// reason, for errors a negative errno.
+	Status int
+	// ID the event is for; for CONNECT_REQUEST a new id, on ListenID.
+	ID       *CMID
+	ListenID *CMID
+	// PrivateData of a connect request, accept or reject, copied.
+	PrivateData []byte
+	// ResponderResources and InitiatorDepth of a connect request.
+	ResponderResources, InitiatorDepth int
+	raw                                *C.struct_rdma_cm_event
+}
+
+// GetEvent returns the next event, or syscall.EAGAIN when none is pending.
+func (c *EventChannel) GetEvent() (*Event, error) {
+	var raw *C.struct_rdma_cm_event
+	if ret, err := C.rdma_get_cm_event(c.p, &raw); ret != 0 {
+		if err == syscall.EAGAIN {
+			return nil, syscall.EAGAIN
+		}
+		return nil, callError("rdma_get_cm_event", err)
+	}
+	ev := &Event{Type: EventType(raw.event), Status: int(raw.status), raw: raw, ID: &CMID{p: raw.id}}
+	if raw.listen_id != nil {
+		ev.ListenID = &CMID{p: raw.listen_id}
+	}
+	// For RC ids the union holds rdma_conn_param.
+	conn := (*C.struct_rdma_conn_param)(unsafe.Pointer(&raw.param))
+	if conn.private_data != nil && conn.private_data_len > 0 {
+		ev.PrivateData = C.GoBytes(conn.private_data, C.int(conn.private_data_len))
+	}
+	ev.ResponderResources = int(conn.responder_resources)
+	ev.InitiatorDepth = int(conn.initiator_depth)
+	return ev, nil
+}
+
+// Ack releases the event. Destroying an id waits for all its events to be
+// acked, so every event must be acked, and before its id is destroyed.
+func (e *Event) Ack() error {
+	if e.raw == nil {
+		return nil
+	}
+	raw := e.raw
+	e.raw = nil
+	if ret, err := C.rdma_ack_cm_event(raw); ret != 0 {
+		return callError("rdma_ack_cm_event", err)
+	}
+	return nil
+}
+
+// CMID is an rdma_cm_id of the TCP port space (reliable connected QPs).
+type CMID struct{ p *C.struct_rdma_cm_id }
+
+// CreateID creates an id whose events arrive on ch.
+func CreateID(ch *EventChannel) (*CMID, error) {
+	var p *C.struct_rdma_cm_id
+	if ret, err := C.rdma_create_id(ch.p, &p, nil, C.RDMA_PS_TCP); ret != 0 {
+		return nil, callError("rdma_create_id", err)
+	}
+	return &CMID{p: p}, nil
+}
+
+// Key identifies the id (its C address), for maps from ids to their owners.
+func (id *CMID) Key() uintptr { return uintptr(unsafe.Pointer(id.p)) }
+
+// Destroy destroys the id. Its QP must be destroyed and its events acked.
+func (id *CMID) Destroy() error {
+	if ret, err := C.rdma_destroy_id(id.p); ret != 0 {
+		return callError("rdma_destroy_id", err)
+	}
+	return nil
+}
+
+// Migrate moves the id's events to another channel (rdma_migrate_id).
+func (id *CMID) Migrate(ch *EventChannel) error {
+	if ret, err := C.rdma_migrate_id(id.p, ch.p); ret != 0 {
+		return callError("rdma_migrate_id", err)
+	}
+	return nil
+}
+
+// BindAddr binds the id to ai's source address (a passive AddrInfo).
+func (id *CMID) BindAddr(ai *AddrInfo) error {
+	if ret, err := C.rdma_bind_addr(id.p, ai.p.ai_src_addr); ret != 0 {
+		return callError("rdma_bind_addr", err)
+	}
+	return nil
+}
+
+// ResolveAddr starts resolving ai's destination; ADDR_RESOLVED or
+// ADDR_ERROR follows on the channel.
+func (id *CMID) ResolveAddr(ai *AddrInfo, timeoutMs int) error {
+	if ret, err := C.rdma_resolve_addr(id.p, ai.p.ai_src_addr, ai.p.ai_dst_addr, C.int(timeoutMs)); ret != 0 {
+		return callError("rdma_resolve_addr", err)
+	}
+	return nil
+}
+
+// ResolveRoute starts route resolution; ROUTE_RESOLVED or ROUTE_ERROR follows.
+func (id *CMID) ResolveRoute(timeoutMs int) error {
+	if ret, err := C.rdma_resolve_route(id.p, C.int(timeoutMs)); ret != 0 {
+		return callError("rdma_resolve_route", err)
+	}
+	return nil
+}
+
+// Listen starts listening for connect requests.
+func (id *CMID) Listen(backlog int) error {
+	if ret, err := C.rdma_listen(id.p, C.int(backlog)); ret != 0 {
+		return callError("rdma_listen", err)
+	}
+	return nil
+}
+
+// ConnParam is rdma_conn_param without the fields ignored when the id has a QP.
+type ConnParam struct {
+	PrivateData        []byte
+	ResponderResources int
+	InitiatorDepth     int
+	RetryCount         int // transport retries (0-7); ignored on accept
+	RNRRetryCount      int // receiver-not-ready retries (0-7; 7 is infinite)
+}
+
+func (cp *ConnParam) toC() (C.struct_rdma_conn_param, func()) {
+	var c C.struct_rdma_conn_param
+	free := func() {}
+	if len(cp.PrivateData) > 0 {
+		p := C.CBytes(cp.PrivateData)
+		c.private_data = p
+		c.private_data_len = C.uint8_t(len(cp.PrivateData))
+		free = func() { C.free(p) }
+	}
+	c.responder_resources = C.uint8_t(cp.ResponderResources)
+	c.initiator_depth = C.uint8_t(cp.InitiatorDepth)
+	c.retry_count = C.uint8_t(cp.RetryCount)
+	c.rnr_retry_count = C.uint8_t(cp.RNRRetryCount)
+	return c, free
+}
+
+// Connect starts connecting; ESTABLISHED, REJECTED, UNREACHABLE or
+// CONNECT_ERROR follows.
+func (id *CMID) Connect(cp ConnParam) error {
+	if len(cp.PrivateData) > MaxConnPrivateData {
+		return fmt.Errorf("rdma_connect: %d bytes of private data, at most %d fit: %w",
+			len(cp.PrivateData), MaxConnPrivateData, syscall.EINVAL)
+	}
+	c, free := cp.toC()
+	defer free()
+	if ret, err := C.rdma_connect(id.p, &c); ret != 0 {
+		return callError("rdma_connect", err)
+	}
+	return nil
+}
+
+// Accept accepts a connect request on this (new) id; ESTABLISHED follows.
+func (id *CMID) Accept(cp ConnParam) error {
+	if len(cp.PrivateData) > MaxAcceptPrivateData {
+		return fmt.Errorf("rdma_accept: %d bytes of private data, at most %d fit: %w",
+			len(cp.PrivateData), MaxAcceptPrivateData, syscall.EINVAL)
+	}
+	c, free := cp.toC()
+	defer free()
+	if ret, err := C.rdma_accept(id.p, &c); ret != 0 {
+		return callError("rdma_accept", err)
+	}
+	return nil
+}
+
+// Reject rejects a connect request, sending privateData to the requester.
+func (id *CMID) Reject(privateData []byte) error {
+	if len(privateData) > MaxRejectPrivateData {
+		return fmt.Errorf("rdma_reject: %d bytes of private data, at most %d fit: %w",
+			len(privateData), MaxRejectPrivateData, syscall.EINVAL)
+	}
+	var p unsafe.Pointer
+	if len(privateData) > 0 {
+		p = C.CBytes(privateData)
+		defer C.free(p)
+	}
+	if ret, err := C.rdma_reject(id.p, p, C.uint8_t(len(privateData))); ret != 0 {
+		return callError("rdma_reject", err)
+	}
+	return nil
+}
+
+// Disconnect disconnects the connection; its QP moves to the error state
+// and outstanding work requests are flushed.
+func (id *CMID) Disconnect() error {
+	if ret, err := C.rdma_disconnect(id.p); ret != 0 {
+		return callError("rdma_disconnect", err)
+	}
+	return nil
+}
+
+// Context is the device context the id is bound to (nil before binding or
+// address resolution).
+func (id *CMID) Context() *Context {
+	if id.p.verbs == nil {
+		return nil
+	}
+	return &Context{p: id.p.verbs}
+}
+
+// PD is the protection domain of the id's QP (librdmacm's per-device
+// default PD when the QP was created without one).
+func (id *CMID) PD() *PD {
+	if id.p.pd == nil {
+		return nil
+	}
+	return &PD{p: id.p.pd}
+}
+
+// LocalAddr and RemoteAddr are the id's bound and peer addresses.
+func (id *CMID) LocalAddr() net.Addr {
+	return sockaddrToAddr(C.rdma_get_local_addr(id.p))
+}
+
+// RemoteAddr is the peer's address.
+func (id *CMID) RemoteAddr() net.Addr {
+	return sockaddrToAddr(C.rdma_get_peer_addr(id.p))
+}
+
+func sockaddrToAddr(sa *C.struct_sockaddr) net.Addr {
+	if sa == nil {
+		return nil
+	}
+	switch sa.sa_family {
+	case C.AF_INET:
+		in := (*C.struct_sockaddr_in)(unsafe.Pointer(sa))
+		ip := C.GoBytes(unsafe.Pointer(&in.sin_addr), 4)
+		port := int(C.ntohs(in.sin_port))
+		return &net.TCPAddr{IP: net.IP(ip), Port: port}
+	case C.AF_INET6:
+		in6 := (*C.struct_sockaddr_in6)(unsafe.Pointer(sa))
+		ip := C.GoBytes(unsafe.Pointer(&in6.sin6_addr), 16)
+		port := int(C.ntohs(in6.sin6_port))
+		return &net.TCPAddr{IP: net.IP(ip), Port: port}
+	}
+	return nil
+}
+
+// AddrInfo is the result list of rdma_getaddrinfo; only the first entry is
+// used, as librdmacm's own examples do.
+type AddrInfo struct{ p *C.struct_rdma_addrinfo }
+
+// GetAddrInfo resolves host and port. passive asks for an address to bind
+// and listen on (RAI_PASSIVE); host may then be empty (any address).
+func GetAddrInfo(host, port string, passive bool) (*AddrInfo, error) {
+	var hints C.struct_rdma_addrinfo
+	hints.ai_port_space = C.RDMA_PS_TCP
+	if passive {
+		hints.ai_flags = C.RAI_PASSIVE
+	}
+	var chost *C.char
+	if host != "" {
+		chost = C.CString(host)
+		defer C.free(unsafe.Pointer(chost))
+	}
+	cport := C.CString(port)
+	defer C.free(unsafe.Pointer(cport))
+	var res *C.struct_rdma_addrinfo
+	ret, err := C.rdma_getaddrinfo(chost, cport, &hints, &res)
+	if ret != 0 {
+		if ret > 0 || err == nil { // a getaddrinfo(3) EAI_* code
+			return nil, fmt.Errorf("rdma_getaddrinfo %q: %s", host, C.GoString(C.gai_strerror(ret)))
+		}
+		return nil, fmt.Errorf("rdma_getaddrinfo %q: %w", host, err)
+	}
+	return &AddrInfo{p: res}, nil
+}
+
+// Free releases the list.
+func (ai *AddrInfo) Free() { C.rdma_freeaddrinfo(ai.p) }
+
+// Family is the address family of the first entry (AF_INET or AF_INET6).
+func (ai *AddrInfo) Family() int { return int(ai.p.ai_family) }

@@ -1,0 +1,306 @@
+package verbs
+
+/*
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include "shim.h"
+
+static int go_set_nonblock_fd(int fd) {
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0)
+		return -1;
+	return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"syscall"
+	"unsafe"
+)
+
+// Context is an opened RDMA device (ibv_context).
+type Context struct{ p *C.struct_ibv_context }
+
+// DeviceName is the device's name, e.g. "rxe0".
+func (c *Context) DeviceName() string { return C.GoString(C.ibv_get_device_name(c.p.device)) }
+
+// DeviceAttr is the subset of ibv_device_attr this library plans with.
+type DeviceAttr struct {
+	MaxQPWR         int // work requests per queue
+	MaxSGE          int // scatter/gather entries per work request
+	MaxCQE          int // entries per completion queue
+	MaxMRSize       uint64
+	MaxQPRdAtom     int // outstanding RDMA reads/atomics a QP can answer
+	MaxQPInitRdAtom int // outstanding RDMA reads/atomics a QP can issue
+	MaxSRQWR        int
+	Atomics         bool // atomic_cap is not IBV_ATOMIC_NONE
+}
+
+// QueryDevice reads the device's attributes.
+func (c *Context) QueryDevice() (DeviceAttr, error) {
+	var a C.struct_ibv_device_attr
+	if ret := C.ibv_query_device(c.p, &a); ret != 0 {
+		return DeviceAttr{}, retErrno("ibv_query_device", ret)
+	}
+	return DeviceAttr{
+		MaxQPWR: int(a.max_qp_wr), MaxSGE: int(a.max_sge), MaxCQE: int(a.max_cqe),
+		MaxMRSize: uint64(a.max_mr_size), MaxQPRdAtom: int(a.max_qp_rd_atom),
+		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom), MaxSRQWR: int(a.max_srq_wr),
+		Atomics: a.atomic_cap != C.IBV_ATOMIC_NONE,
+	}, nil
+}
+
+// PD is a protection domain.
+type PD struct{ p *C.struct_ibv_pd }
+
+// Key identifies the PD (its C address), to tell whether two are the same.
+func (pd *PD) Key() uintptr { return uintptr(unsafe.Pointer(pd.p)) }
+
+// MR is a registered memory region.
+type MR struct{ p *C.struct_ibv_mr }
+
+// RegMR registers [addr, addr+length) with the given access flags. The memory
+// must not be Go heap memory (the device keeps using it after this returns).
+func (pd *PD) RegMR(addr unsafe.Pointer, length int, access int) (*MR, error) {
+	p, err := C.ibv_reg_mr(pd.p, addr, C.size_t(length), C.int(access))
+	if p == nil {
+		return nil, callError(fmt.Sprintf("ibv_reg_mr(%d bytes, access %#x)", length, access), err)
+	}
+	return &MR{p: p}, nil
+}
+
+// RegMsgs registers memory for sends and receives only: local access, as
+// rdma_reg_msgs(3) does. The peer can never read or write it.
+func (pd *PD) RegMsgs(addr unsafe.Pointer, length int) (*MR, error) {
+	return pd.RegMR(addr, length, AccessLocalWrite)
+}
+
+// RegRead registers memory the peer may RDMA READ, as rdma_reg_read(3).
+func (pd *PD) RegRead(addr unsafe.Pointer, length int) (*MR, error) {
+	return pd.RegMR(addr, length, AccessLocalWrite|AccessRemoteRead)
+}
+
+// RegWrite registers memory the peer may RDMA WRITE, as rdma_reg_write(3).
+func (pd *PD) RegWrite(addr unsafe.Pointer, length int) (*MR, error) {
+	return pd.RegMR(addr, length, AccessLocalWrite|AccessRemoteWrite)
+}
+
+// LKey, RKey, Addr and Len describe the region.
+func (mr *MR) LKey() uint32 { return uint32(mr.p.lkey) }
+
+// RKey is the key the peer names the region with.
+func (mr *MR) RKey() uint32 { return uint32(mr.p.rkey) }
+
+// Addr is the region's start address.
+func (mr *MR) Addr() uint64 { return uint64(uintptr(mr.p.addr)) }
+
+// Len is the region's length in bytes.
+func (mr *MR) Len() int { return int(mr.p.length) }
+
+// Dereg deregisters the region (rdma_dereg_mr); its rkey stops working.
+func (mr *MR) Dereg() error {
+	if ret := C.ibv_dereg_mr(mr.p); ret != 0 {
+		return retErrno("ibv_dereg_mr", ret)
+	}
+	return nil
+}
+
+// CompChannel is a completion channel with a non-blocking fd.
+type CompChannel struct{ p *C.struct_ibv_comp_channel }
+
+// NewCompChannel creates a completion channel on the device.
+func (c *Context) NewCompChannel() (*CompChannel, error) {
+	p, err := C.ibv_create_comp_channel(c.p)
+	if p == nil {
+		return nil, callError("ibv_create_comp_channel", err)
+	}
+	if ret, err := C.go_set_nonblock_fd(p.fd); ret != 0 {
+		C.ibv_destroy_comp_channel(p)
+		return nil, callError("fcntl(O_NONBLOCK) on the completion channel", err)
+	}
+	return &CompChannel{p: p}, nil
+}
+
+// Fd is readable when a CQ on the channel has an event.
+func (ch *CompChannel) Fd() int { return int(ch.p.fd) }
+
+// GetEvent takes one CQ event (EAGAIN when none); it must be acked with
+// CQ.AckEvents before the CQ is destroyed.
+func (ch *CompChannel) GetEvent() error {
+	var cq *C.struct_ibv_cq
+	if ret, err := C.go_get_cq_event(ch.p, &cq); ret != 0 {
+		if err == syscall.EAGAIN {
+			return syscall.EAGAIN
+		}
+		return callError("ibv_get_cq_event", err)
+	}
+	return nil
+}
+
+// Destroy destroys the channel; its CQs must be destroyed first.
+func (ch *CompChannel) Destroy() error {
+	if ret := C.ibv_destroy_comp_channel(ch.p); ret != 0 {
+		return retErrno("ibv_destroy_comp_channel", ret)
+	}
+	return nil
+}
+
+// CQ is a completion queue.
+type CQ struct {
+	p   *C.struct_ibv_cq
+	wcs *C.struct_go_wc // reused poll array, C memory
+	n   int
+}
+
+// NewCQ creates a CQ with at least cqe entries, signalling ch (may be nil
+// for a CQ that is only busy-polled). pollBatch is how many completions one
+// Poll returns at most.
+func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
+	var chp *C.struct_ibv_comp_channel
+	if ch != nil {
+		chp = ch.p
+	}
+	p, err := C.ibv_create_cq(c.p, C.int(cqe), nil, chp, 0)
+	if p == nil {
+		return nil, callError(fmt.Sprintf("ibv_create_cq(%d entries)", cqe), err)
+	}
+	wcs := (*C.struct_go_wc)(C.calloc(C.size_t(pollBatch), C.sizeof_struct_go_wc))
+	return &CQ{p: p, wcs: wcs, n: pollBatch}, nil
+}
+
+// Size is the number of entries the CQ really has (at least what was asked).
+func (cq *CQ) Size() int { return int(cq.p.cqe) }
+
+// ReqNotify arms the CQ: the next completion (or next solicited one) raises
+// an event on its channel.
+func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	s := 0
+	if solicitedOnly {
+		s = 1
+	}
+	return retErrno("ibv_req_notify_cq", C.go_req_notify_cq(cq.p, C.int(s)))
+}
+
+// AckEvents acks n events taken with CompChannel.GetEvent.
+func (cq *CQ) AckEvents(n int) { C.ibv_ack_cq_events(cq.p, C.uint(n)) }
+
+// WC is one work completion.
+type WC struct {
+	WRID      uint64
+	Status    WCStatus
+	Opcode    WCOpcode
+	VendorErr uint32
+	ByteLen   uint32
+	Imm       uint32 // host byte order; valid when Flags&WCWithImm
+	Flags     uint32
+	QPNum     uint32
+}
+
+// Poll polls up to the CQ's batch size into its reused C array and returns
+// how many completions it holds; read them with At. No allocation.
+func (cq *CQ) Poll() (int, error) {
+	n := C.go_poll_cq(cq.p, C.int(cq.n), cq.wcs)
+	if n < 0 {
+		return 0, retErrno("ibv_poll_cq", n)
+	}
+	return int(n), nil
+}
+
+// At returns completion i of the last Poll.
+func (cq *CQ) At(i int) WC {
+	w := (*[1 << 20]C.struct_go_wc)(unsafe.Pointer(cq.wcs))[i]
+	return WC{WRID: uint64(w.wr_id), Status: WCStatus(w.status), Opcode: WCOpcode(w.opcode),
+		VendorErr: uint32(w.vendor_err), ByteLen: uint32(w.byte_len), Imm: uint32(w.imm),
+		Flags: uint32(w.wc_flags), QPNum: uint32(w.qp_num)}
+}
+
+// Destroy destroys the CQ; its QPs must be destroyed and its events acked.
+func (cq *CQ) Destroy() error {
+	if ret := C.ibv_destroy_cq(cq.p); ret != 0 {
+		return retErrno("ibv_destroy_cq", ret)
+	}
+	C.free(unsafe.Pointer(cq.wcs))
+	return nil
+}
+
+// SRQ is a shared receive queue.
+type SRQ struct{ p *C.struct_ibv_srq }
+
+// NewSRQ creates a shared receive queue on the protection domain.
+func (pd *PD) NewSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	var attr C.struct_ibv_srq_init_attr
+	attr.attr.max_wr = C.uint32_t(maxWR)
+	attr.attr.max_sge = C.uint32_t(maxSGE)
+	p, err := C.ibv_create_srq(pd.p, &attr)
+	if p == nil {
+		return nil, callError("ibv_create_srq", err)
+	}
+	return &SRQ{p: p}, nil
+}
+
+// Destroy destroys the SRQ; the QPs using it must be destroyed first.
+func (srq *SRQ) Destroy() error {
+	if ret := C.ibv_destroy_srq(srq.p); ret != 0 {
+		return retErrno("ibv_destroy_srq", ret)
+	}
+	return nil
+}
+
+// QPInit describes the RC queue pair to create on an id.
+type QPInit struct {
+	SendCQ, RecvCQ *CQ
+	SRQ            *SRQ // optional
+	MaxSendWR      int
+	MaxRecvWR      int
+	MaxSendSGE     int
+	MaxRecvSGE     int
+	MaxInline      int
+}
+
+// QPCaps are the capacities the device granted (at least what was asked).
+type QPCaps struct {
+	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInline int
+}
+
+// CreateQP creates an RC QP on the id (rdma_create_qp), in pd, or in
+// librdmacm's per-device default PD when pd is nil. Work requests are
+// signaled only when asked (sq_sig_all = 0), for selective signaling.
+func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
+	var a C.struct_ibv_qp_init_attr
+	a.send_cq = in.SendCQ.p
+	a.recv_cq = in.RecvCQ.p
+	if in.SRQ != nil {
+		a.srq = in.SRQ.p
+	}
+	a.qp_type = C.IBV_QPT_RC
+	a.cap.max_send_wr = C.uint32_t(in.MaxSendWR)
+	a.cap.max_recv_wr = C.uint32_t(in.MaxRecvWR)
+	a.cap.max_send_sge = C.uint32_t(in.MaxSendSGE)
+	a.cap.max_recv_sge = C.uint32_t(in.MaxRecvSGE)
+	a.cap.max_inline_data = C.uint32_t(in.MaxInline)
+	var pdp *C.struct_ibv_pd
+	if pd != nil {
+		pdp = pd.p
+	}
+	if ret, err := C.rdma_create_qp(id.p, pdp, &a); ret != 0 {
+		return QPCaps{}, callError(fmt.Sprintf("rdma_create_qp(send %d, recv %d, sge %d/%d, inline %d)",
+			in.MaxSendWR, in.MaxRecvWR, in.MaxSendSGE, in.MaxRecvSGE, in.MaxInline), err)
+	}
+	return QPCaps{MaxSendWR: int(a.cap.max_send_wr), MaxRecvWR: int(a.cap.max_recv_wr),
+		MaxSendSGE: int(a.cap.max_send_sge), MaxRecvSGE: int(a.cap.max_recv_sge),
+		MaxInline: int(a.cap.max_inline_data)}, nil
+}
+
+// DestroyQP destroys the id's QP (rdma_destroy_qp).
+func (id *CMID) DestroyQP() { C.rdma_destroy_qp(id.p) }
+
+// QPNum is the id's QP number (0 without a QP).
+func (id *CMID) QPNum() uint32 {
+	if id.p.qp == nil {
+		return 0
+	}
+	return uint32(id.p.qp.qp_num)
+}

@@ -1,0 +1,98 @@
+#include <errno.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include "shim.h"
+
+int go_poll_cq(struct ibv_cq *cq, int n, struct go_wc *out)
+{
+	struct ibv_wc wc[64];
+	int total = 0;
+	while (total < n) {
+		int want = n - total > 64 ? 64 : n - total;
+		int got = ibv_poll_cq(cq, want, wc);
+		if (got < 0)
+			return got;
+		for (int i = 0; i < got; i++) {
+			struct go_wc *o = &out[total + i];
+			o->wr_id = wc[i].wr_id;
+			o->status = wc[i].status;
+			o->opcode = wc[i].opcode;
+			o->vendor_err = wc[i].vendor_err;
+			o->byte_len = wc[i].byte_len;
+			o->imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
+			o->wc_flags = wc[i].wc_flags;
+			o->qp_num = wc[i].qp_num;
+		}
+		total += got;
+		if (got < want)
+			break;
+	}
+	return total;
+}
+
+int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sge *sge,
+		 struct ibv_send_wr *scratch, int *bad)
+{
+	struct ibv_send_wr *bad_wr = NULL;
+	for (int i = 0; i < n; i++) {
+		struct ibv_send_wr *w = &scratch[i];
+		struct go_send_wr *g = &wrs[i];
+		memset(w, 0, sizeof(*w));
+		w->wr_id = g->wr_id;
+		w->next = i + 1 < n ? &scratch[i + 1] : NULL;
+		w->sg_list = g->num_sge ? &sge[g->sge_first] : NULL;
+		w->num_sge = g->num_sge;
+		w->opcode = g->opcode;
+		w->send_flags = g->send_flags;
+		switch (g->opcode) {
+		case IBV_WR_SEND_WITH_IMM:
+			w->imm_data = htonl(g->imm);
+			break;
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+			w->imm_data = htonl(g->imm);
+			/* fall through */
+		case IBV_WR_RDMA_WRITE:
+		case IBV_WR_RDMA_READ:
+			w->wr.rdma.remote_addr = g->remote_addr;
+			w->wr.rdma.rkey = g->rkey;
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP:
+		case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			w->wr.atomic.remote_addr = g->remote_addr;
+			w->wr.atomic.rkey = g->rkey;
+			w->wr.atomic.compare_add = g->compare_add;
+			w->wr.atomic.swap = g->swap;
+			break;
+		}
+	}
+	int ret = ibv_post_send(qp, scratch, &bad_wr);
+	*bad = ret ? (int)(bad_wr ? bad_wr - scratch : 0) : -1;
+	return ret;
+}
+
+int go_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, struct go_recv_wr *wrs, int n,
+		 struct ibv_sge *sge, struct ibv_recv_wr *scratch, int *bad)
+{
+	struct ibv_recv_wr *bad_wr = NULL;
+	for (int i = 0; i < n; i++) {
+		struct ibv_recv_wr *w = &scratch[i];
+		w->wr_id = wrs[i].wr_id;
+		w->next = i + 1 < n ? &scratch[i + 1] : NULL;
+		w->sg_list = wrs[i].num_sge ? &sge[wrs[i].sge_first] : NULL;
+		w->num_sge = wrs[i].num_sge;
+	}
+	int ret = srq ? ibv_post_srq_recv(srq, scratch, &bad_wr) : ibv_post_recv(qp, scratch, &bad_wr);
+	*bad = ret ? (int)(bad_wr ? bad_wr - scratch : 0) : -1;
+	return ret;
+}
+
+int go_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	return ibv_req_notify_cq(cq, solicited_only);
+}
+
+int go_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq)
+{
+	void *ctx;
+	return ibv_get_cq_event(ch, cq, &ctx);
+}

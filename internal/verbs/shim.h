@@ -1,0 +1,58 @@
+// C helpers for package verbs. They exist where cgo cannot express the C
+// directly: anonymous unions (ibv_wc.imm_data), building a chain of work
+// requests with their next pointers in C memory, and static inline calls
+// whose out-parameters must live in C memory.
+#ifndef RDMACM_GO_SHIM_H
+#define RDMACM_GO_SHIM_H
+
+#include <stdint.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+// One work completion, flattened. imm is in host byte order.
+struct go_wc {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t opcode;
+	uint32_t vendor_err;
+	uint32_t byte_len;
+	uint32_t imm;
+	uint32_t wc_flags;
+	uint32_t qp_num;
+	uint32_t pad;
+};
+
+// One send work request; its scatter/gather entries are sge[sge_first ..
+// sge_first+num_sge) of the array passed alongside. imm is in host order.
+struct go_send_wr {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint64_t compare_add;
+	uint64_t swap;
+	uint32_t rkey;
+	uint32_t opcode;
+	uint32_t send_flags;
+	uint32_t imm;
+	uint32_t sge_first;
+	uint32_t num_sge;
+};
+
+struct go_recv_wr {
+	uint64_t wr_id;
+	uint32_t sge_first;
+	uint32_t num_sge;
+};
+
+int go_poll_cq(struct ibv_cq *cq, int n, struct go_wc *out);
+// go_post_send links n requests (using scratch, n ibv_send_wr in C memory)
+// and posts them in one ibv_post_send. On failure *bad is the index of the
+// first request not posted.
+int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sge *sge,
+		 struct ibv_send_wr *scratch, int *bad);
+int go_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, struct go_recv_wr *wrs, int n,
+		 struct ibv_sge *sge, struct ibv_recv_wr *scratch, int *bad);
+int go_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int go_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq);
+
+#endif
