@@ -1,20 +1,13 @@
-# The two commands a newcomer needs: `make demo` and `make test`.
-# Each installs what it needs first (Debian packages via scripts/deps.sh; the
-# testbed's kernel is fetched and cached by bin/rxevm on first use).
+# A newcomer needs two commands: `make demo` and `make test`. Each installs
+# what it needs first: Debian packages through scripts/deps.sh; the testbed's
+# kernel is downloaded and cached by bin/rxevm on first use.
 
+SHELL   := /bin/bash
 GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
-# Device tests must run, never skip, under make: a missing device is a failure.
-export RDMACM_REQUIRE_DEVICE := 1
 export CGO_ENABLED := 1
 
-# Packages whose tests need no RDMA device run on the host; every package
-# runs again on rxe inside the testbed (one fresh guest per test binary, one
-# at a time: Soft-RoCE drops completions when many processes drive it).
-HOST_PKGS := ./...
-GUEST_PKGS := ./...
-
-.PHONY: all deps build test test-host test-rxe demo vet clean
+.PHONY: all deps build vet test test-host test-rxe demo clean
 
 all: build
 
@@ -23,25 +16,30 @@ deps:
 
 build: deps
 	$(GO) build ./...
-	$(GO) build -o bin/rxevm ./cmd/rxevm
-	$(GO) build -o bin/ ./examples/...
+	$(GO) build -o bin/ ./cmd/rxevm ./examples/...
 
 vet: deps
 	$(GO) vet ./...
-	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
-# Host: race-checked unit tests; device tests are skipped here only because
-# RDMACM_REQUIRE_DEVICE is cleared for this step (they run on rxe next).
+# Host: every package with the race detector. Device tests skip here, and
+# only here (RDMACM_REQUIRE_DEVICE is unset); test-rxe runs them next.
 test-host: build
-	RDMACM_REQUIRE_DEVICE= $(GO) test -race -count=1 $(HOST_PKGS)
+	RDMACM_REQUIRE_DEVICE= $(GO) test -race -count=1 ./...
 
+# rxe: every test binary runs in a fresh Soft-RoCE guest, one at a time
+# (-p 1: Soft-RoCE drops completions when many processes drive it at once).
+# A missing device fails these tests instead of skipping them.
 test-rxe: build
-	$(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) $(GUEST_PKGS)
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) ./...
 
 test: vet test-host test-rxe
 
+# The echo server and client over rxe0 (in the testbed guest when this host
+# has no RDMA device).
 demo: build
-	$(RXEVM) $(CURDIR)/bin/echo -demo
+	$(RXEVM) $(CURDIR)/bin/echo -mode demo
 
 clean:
 	rm -rf bin

@@ -1,0 +1,241 @@
+// Package bufpool owns registered memory: message pools of fixed-size
+// buffers registered once for sends and receives (rdma_reg_msgs: local
+// access only), and regions registered for the peer's RDMA READ, WRITE or
+// atomics (rdma_reg_read / rdma_reg_write), described to the peer by a Remote.
+//
+// All of it is page-aligned mmap memory, never Go heap memory: the device
+// reads and writes it while Go code runs, and the Go garbage collector must
+// neither move nor free it. A buffer handed to an endpoint's Post* belongs to
+// the device until that post's completion comes back.
+package bufpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// Errors callers match with errors.Is.
+var (
+	ErrClosed        = errors.New("bufpool: pool is closed")
+	ErrDoublePut     = errors.New("bufpool: buffer put twice (it is already back in its pool)")
+	ErrForeignBuffer = errors.New("bufpool: buffer does not belong to this pool")
+	ErrRange         = errors.New("bufpool: range outside the buffer")
+)
+
+// PD is a protection domain: memory and queue pairs meet only within one.
+// Get it from an endpoint (endpoint.Endpoint.PD); every endpoint on a
+// device shares librdmacm's per-device default PD, so one pool serves them all.
+type PD struct{ pd *verbs.PD }
+
+// WrapPD is used by package endpoint to hand out its protection domain.
+func WrapPD(pd *verbs.PD) *PD { return &PD{pd: pd} }
+
+// Same reports whether two PDs are the same protection domain.
+func (p *PD) Same(o *PD) bool { return p != nil && o != nil && p.pd.Key() == o.pd.Key() }
+
+// Segment is registered memory as a work request names it.
+type Segment struct {
+	Addr uint64
+	Len  uint32
+	LKey uint32
+}
+
+// Buffer is one registered buffer: a slice of a pool, or a whole Region.
+type Buffer struct {
+	data  []byte
+	lkey  uint32
+	pool  *Pool // nil for a region's buffer
+	index int
+	out   atomic.Bool // taken from its pool and not yet put back
+}
+
+// Bytes is the buffer's whole memory. Its length is the buffer size.
+func (b *Buffer) Bytes() []byte { return b.data }
+
+// Len is the buffer's size in bytes.
+func (b *Buffer) Len() int { return len(b.data) }
+
+// Segment names [off, off+n) of the buffer for a work request.
+func (b *Buffer) Segment(off, n int) (Segment, error) {
+	if off < 0 || n < 0 || off+n > len(b.data) {
+		return Segment{}, fmt.Errorf("%w: [%d, %d) of a %d-byte buffer", ErrRange, off, off+n, len(b.data))
+	}
+	return Segment{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b.data)))) + uint64(off), Len: uint32(n), LKey: b.lkey}, nil
+}
+
+// Options configure a Pool.
+type options struct {
+	size, count int
+}
+
+// Option configures New.
+type Option func(*options)
+
+// Size sets the size of each buffer in bytes (default 4096).
+func Size(n int) Option { return func(o *options) { o.size = n } }
+
+// Count sets the number of buffers (default 256).
+func Count(n int) Option { return func(o *options) { o.count = n } }
+
+// Pool is a fixed set of equal buffers cut from one registered region.
+// Get and Put do not allocate.
+type Pool struct {
+	pd      *PD
+	mem     []byte
+	mr      *verbs.MR
+	bufs    []Buffer
+	free    chan *Buffer
+	closing chan struct{}
+	size    int
+
+	mu       sync.Mutex
+	closed   bool
+	released bool
+}
+
+// New maps size*count bytes (rounded up to pages), registers them once for
+// local access (rdma_reg_msgs) and cuts them into count buffers.
+func New(pd *PD, opts ...Option) (*Pool, error) {
+	o := options{size: 4096, count: 256}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.size <= 0 || o.count <= 0 {
+		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive", o.size, o.count)
+	}
+	mem, err := mapPages(o.size * o.count)
+	if err != nil {
+		return nil, err
+	}
+	mr, err := pd.pd.RegMsgs(unsafe.Pointer(unsafe.SliceData(mem)), len(mem))
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("bufpool: registering %d bytes: %w (a non-root user needs `ulimit -l unlimited`)", len(mem), err)
+	}
+	p := &Pool{pd: pd, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
+		free: make(chan *Buffer, o.count), closing: make(chan struct{})}
+	for i := range p.bufs {
+		b := &p.bufs[i]
+		*b = Buffer{data: mem[i*o.size : (i+1)*o.size : (i+1)*o.size], lkey: mr.LKey(), pool: p, index: i}
+		p.free <- b
+	}
+	return p, nil
+}
+
+func mapPages(n int) ([]byte, error) {
+	page := os.Getpagesize()
+	n = (n + page - 1) / page * page
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("bufpool: mmap %d bytes: %w", n, err)
+	}
+	return mem, nil
+}
+
+// BufferSize is the size of each buffer.
+func (p *Pool) BufferSize() int { return p.size }
+
+// Get takes a buffer, waiting until one is free or ctx ends.
+func (p *Pool) Get(ctx context.Context) (*Buffer, error) {
+	select {
+	case b := <-p.free:
+		return p.take(b)
+	default:
+	}
+	select {
+	case b := <-p.free:
+		return p.take(b)
+	case <-p.closing:
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TryGet takes a buffer if one is free.
+func (p *Pool) TryGet() (*Buffer, bool) {
+	select {
+	case b := <-p.free:
+		b, err := p.take(b)
+		return b, err == nil
+	default:
+		return nil, false
+	}
+}
+
+func (p *Pool) take(b *Buffer) (*Buffer, error) {
+	select {
+	case <-p.closing:
+		p.free <- b
+		return nil, ErrClosed
+	default:
+	}
+	b.out.Store(true)
+	return b, nil
+}
+
+// Put returns a buffer to its pool. Putting a buffer twice, or one of
+// another pool, is refused with an error and changes nothing. After Close,
+// Put still takes buffers back; the last one frees the memory.
+func (p *Pool) Put(b *Buffer) error {
+	if b == nil || b.pool != p {
+		return ErrForeignBuffer
+	}
+	if !b.out.CompareAndSwap(true, false) {
+		return ErrDoublePut
+	}
+	p.free <- b // never blocks: the channel holds every buffer
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed && len(p.free) == len(p.bufs) {
+		return p.release()
+	}
+	return nil
+}
+
+// Stats is a snapshot of a pool.
+type Stats struct {
+	Size, Count, Free, Out int
+}
+
+// Stats returns how many buffers are free and out.
+func (p *Pool) Stats() Stats {
+	free := len(p.free)
+	return Stats{Size: p.size, Count: len(p.bufs), Free: free, Out: len(p.bufs) - free}
+}
+
+// Close stops Get (waiters get ErrClosed). If every buffer is back, the
+// memory is deregistered and unmapped now; otherwise that happens when the
+// last buffer is Put, because a buffer still out may be posted to the
+// device. Close is idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	if len(p.free) == len(p.bufs) {
+		return p.release()
+	}
+	return nil
+}
+
+func (p *Pool) release() error {
+	if p.released {
+		return nil
+	}
+	p.released = true
+	err := p.mr.Dereg()
+	return errors.Join(err, unix.Munmap(p.mem))
+}

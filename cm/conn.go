@@ -1,0 +1,212 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// Errors of an established connection's end, seen in endpoint.Err.
+var (
+	ErrPeerDisconnected = fmt.Errorf("cm: the peer disconnected: %w", endpoint.ErrClosed)
+	ErrDeviceRemoved    = fmt.Errorf("cm: the RDMA device was removed: %w", endpoint.ErrClosed)
+)
+
+// RejectError is a connect request the peer rejected. It matches
+// syscall.ECONNREFUSED.
+type RejectError struct {
+	Reason      int    // the IB CM reject reason (28: no listener on that port)
+	PrivateData []byte // what the peer's Reject sent, if anything
+}
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("cm: connection refused (reject reason %d, %d bytes of private data)", e.Reason, len(e.PrivateData))
+}
+
+// Unwrap makes the error match syscall.ECONNREFUSED.
+func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }
+
+var pastTime = time.Unix(1, 0)
+
+// channel is one CM event channel and the netpoller wait on it.
+type channel struct {
+	ch   *verbs.EventChannel
+	wait *fdwait.Waiter
+}
+
+func newChannel() (*channel, error) {
+	ch, err := verbs.NewEventChannel()
+	if err != nil {
+		return nil, err
+	}
+	w, err := fdwait.New(ch.Fd(), "rdma_cm event channel")
+	if err != nil {
+		ch.Destroy()
+		return nil, err
+	}
+	return &channel{ch: ch, wait: w}, nil
+}
+
+// next returns the next event, waiting until ctx ends. The caller acks it.
+func (c *channel) next(ctx context.Context) (*verbs.Event, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	deadline, _ := ctx.Deadline()
+	c.wait.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { c.wait.SetDeadline(pastTime) })
+	defer stop()
+	var ev *verbs.Event
+	var getErr error
+	err := c.wait.Wait(func() bool {
+		ev, getErr = c.ch.GetEvent()
+		return getErr != syscall.EAGAIN
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	return ev, getErr
+}
+
+// destroy frees the channel; every id on it must be destroyed.
+func (c *channel) destroy() {
+	c.wait.Close()
+	c.ch.Destroy()
+}
+
+// expect waits for the event that ends one step of connection setup.
+func (c *channel) expect(ctx context.Context, want verbs.EventType, step string) (*verbs.Event, error) {
+	ev, err := c.next(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cm: %s: %w", step, err)
+	}
+	if ev.Type == want {
+		return ev, nil
+	}
+	defer ev.Ack()
+	return nil, eventError(ev, step)
+}
+
+// eventError is the error a failure event stands for.
+func eventError(ev *verbs.Event, step string) error {
+	switch ev.Type {
+	case verbs.EventRejected:
+		return &RejectError{Reason: ev.Status, PrivateData: ev.PrivateData}
+	case verbs.EventAddrError, verbs.EventRouteError, verbs.EventUnreachable, verbs.EventConnectError:
+		errno := syscall.Errno(-ev.Status)
+		if ev.Status >= 0 {
+			errno = syscall.EHOSTUNREACH
+		}
+		if ev.Type == verbs.EventUnreachable && errno == syscall.ETIMEDOUT {
+			errno = syscall.ETIMEDOUT
+		}
+		return fmt.Errorf("cm: %s: %v: %w", step, ev.Type, errno)
+	case verbs.EventDisconnected:
+		return ErrPeerDisconnected
+	}
+	return fmt.Errorf("cm: %s: unexpected event %v (status %d)", step, ev.Type, ev.Status)
+}
+
+// conn is an established connection's CM side: its id, its own event
+// channel and the goroutine that reads that channel for as long as the
+// endpoint lives.
+type conn struct {
+	id    *verbs.CMID
+	ch    *channel
+	owner *endpoint.Owner
+	log   zerolog.Logger
+
+	stopOnce sync.Once
+	stopping chan struct{}
+	loopDone chan struct{}
+	// setup receives the outcome of the handshake: nil and the peer's
+	// private data on ESTABLISHED, or the failure.
+	setup chan setupResult
+}
+
+type setupResult struct {
+	err         error
+	privateData []byte
+}
+
+func newConn(id *verbs.CMID, ch *channel, log zerolog.Logger) *conn {
+	return &conn{id: id, ch: ch, log: log, stopping: make(chan struct{}), loopDone: make(chan struct{}),
+		setup: make(chan setupResult, 1)}
+}
+
+// waitEstablished waits for the handshake's outcome (run must be running).
+func (c *conn) waitEstablished(ctx context.Context) ([]byte, error) {
+	select {
+	case r := <-c.setup:
+		return r.privateData, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// run reads the connection's CM events until close stops it.
+func (c *conn) run() {
+	defer close(c.loopDone)
+	established := false
+	for {
+		ev, err := c.ch.next(context.Background())
+		if err != nil {
+			select {
+			case <-c.stopping:
+				return
+			default:
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue // a stale deadline from setup
+			}
+			c.log.Error().Err(err).Msg("reading CM events; the connection is ended")
+			c.owner.PeerGone(fmt.Errorf("cm: reading events: %w", err))
+			<-c.stopping
+			return
+		}
+		c.log.Debug().Stringer("event", ev.Type).Int("status", ev.Status).Msg("cm event")
+		switch ev.Type {
+		case verbs.EventEstablished:
+			if !established {
+				established = true
+				c.setup <- setupResult{privateData: ev.PrivateData}
+			}
+		case verbs.EventRejected, verbs.EventUnreachable, verbs.EventConnectError, verbs.EventDisconnected:
+			err := eventError(ev, "connecting")
+			if !established {
+				established = true // nothing more to report to setup
+				c.setup <- setupResult{err: err}
+			}
+			c.owner.PeerGone(err)
+		case verbs.EventDeviceRemoval:
+			c.owner.PeerGone(ErrDeviceRemoved)
+		case verbs.EventAddrChange:
+			c.log.Warn().Msg("the local address changed under an established connection")
+		}
+		ev.Ack()
+	}
+}
+
+// close stops the event goroutine and destroys the id and its channel. It
+// runs as the endpoint's onClose, after the QP and CQ are gone.
+func (c *conn) close() error {
+	c.stopOnce.Do(func() { close(c.stopping) })
+	c.ch.wait.Close()
+	<-c.loopDone
+	err := c.id.Destroy()
+	c.ch.ch.Destroy()
+	return err
+}

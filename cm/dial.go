@@ -1,0 +1,123 @@
+// Package cm sets up RDMA connections the way librdmacm's rdma_cm does, with
+// Go's net shapes: Listen/Accept and Dial with a context, each connection an
+// *endpoint.Endpoint. Each connection has its own CM event channel, read by
+// one goroutine on Go's netpoller; every event is acked.
+package cm
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// Dial connects to addr ("host:port"; host a name, an IPv4 or an IPv6
+// address) and returns the connected endpoint. ctx bounds address and route
+// resolution and the connection handshake. A peer that rejects, or a port
+// nobody listens on, gives an error matching syscall.ECONNREFUSED (a
+// *RejectError carrying the peer's private data).
+func Dial(ctx context.Context, addr string, opts ...Option) (*endpoint.Endpoint, error) {
+	o := newOptions(opts)
+	if len(o.privateData) > verbs.MaxConnPrivateData {
+		return nil, fmt.Errorf("cm: dial %s: %d bytes of private data, a connect request carries at most %d",
+			addr, len(o.privateData), verbs.MaxConnPrivateData)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
+	ai, err := verbs.GetAddrInfo(host, port, false)
+	if err != nil {
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
+	defer ai.Free()
+
+	ch, err := newChannel()
+	if err != nil {
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
+	id, err := verbs.CreateID(ch.ch)
+	if err != nil {
+		ch.destroy()
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
+	ep, err := dialOn(ctx, id, ch, ai, o)
+	if err != nil {
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
+	return ep, nil
+}
+
+// dialOn runs resolve addr, resolve route, create QP, connect on id. On
+// failure it frees everything it was given.
+func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo, o options) (*endpoint.Endpoint, error) {
+	fail := func(err error) (*endpoint.Endpoint, error) {
+		id.Destroy()
+		ch.destroy()
+		return nil, err
+	}
+	timeout := resolveTimeout(ctx, o.resolveTimeout)
+	if err := id.ResolveAddr(ai, timeout); err != nil {
+		return fail(err)
+	}
+	ev, err := ch.expect(ctx, verbs.EventAddrResolved, "resolving the address")
+	if err != nil {
+		return fail(err)
+	}
+	ev.Ack()
+	if err := id.ResolveRoute(resolveTimeout(ctx, o.resolveTimeout)); err != nil {
+		return fail(err)
+	}
+	if ev, err = ch.expect(ctx, verbs.EventRouteResolved, "resolving the route"); err != nil {
+		return fail(err)
+	}
+	ev.Ack()
+
+	c := newConn(id, ch, o.logger)
+	ep, owner, err := endpoint.New(id, o.ep, c.close)
+	if err != nil {
+		return fail(err)
+	}
+	c.owner = owner
+	// From here on, ep.Close frees everything (QP, CQ, then c.close).
+	go c.run()
+	dev, err := id.Context().QueryDevice()
+	if err == nil {
+		err = id.Connect(verbs.ConnParam{PrivateData: o.privateData,
+			ResponderResources: min(16, dev.MaxQPRdAtom), InitiatorDepth: min(16, dev.MaxQPInitRdAtom),
+			RetryCount: o.retryCount, RNRRetryCount: o.rnrRetryCount})
+	}
+	var reply []byte
+	if err == nil {
+		reply, err = c.waitEstablished(ctx)
+	}
+	if err != nil {
+		ep.Close()
+		drain(ep)
+		return nil, err
+	}
+	if o.replyData != nil {
+		*o.replyData = reply
+	}
+	return ep, nil
+}
+
+// resolveTimeout is the resolution timeout in ms: the option, or what is
+// left of ctx if that is sooner.
+func resolveTimeout(ctx context.Context, def time.Duration) int {
+	d := def
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		d = time.Until(dl)
+	}
+	return max(1, int(d/time.Millisecond))
+}
+
+// drain discards the completions of an endpoint that never reached its
+// caller (it was closed before anything was posted).
+func drain(ep *endpoint.Endpoint) {
+	for range ep.Completions() {
+	}
+}

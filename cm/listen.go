@@ -1,0 +1,240 @@
+package cm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// ErrListenerClosed is returned by Accept after Close. It matches net.ErrClosed.
+var ErrListenerClosed = fmt.Errorf("cm: listener closed: %w", net.ErrClosed)
+
+// Listener accepts RDMA connections on one address.
+type Listener struct {
+	id   *verbs.CMID
+	ch   *channel
+	o    options
+	addr net.Addr
+
+	reqs      chan *Request
+	closing   chan struct{}
+	loopDone  chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
+// every RDMA-capable address) and listens. ctx is checked before binding.
+func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o := newOptions(opts)
+	if len(o.privateData) > verbs.MaxAcceptPrivateData {
+		return nil, fmt.Errorf("cm: listen %s: %d bytes of accept private data, at most %d fit",
+			addr, len(o.privateData), verbs.MaxAcceptPrivateData)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	ai, err := verbs.GetAddrInfo(host, port, true)
+	if err != nil {
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	defer ai.Free()
+	ch, err := newChannel()
+	if err != nil {
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	id, err := verbs.CreateID(ch.ch)
+	if err != nil {
+		ch.destroy()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	if err := id.BindAddr(ai); err != nil {
+		id.Destroy()
+		ch.destroy()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	if err := id.Listen(o.backlog); err != nil {
+		id.Destroy()
+		ch.destroy()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	l := &Listener{id: id, ch: ch, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
+		closing: make(chan struct{}), loopDone: make(chan struct{})}
+	go l.run()
+	return l, nil
+}
+
+// Addr is the bound address (with the port chosen, if port 0 was asked).
+func (l *Listener) Addr() net.Addr { return l.addr }
+
+// Request is a connect request waiting to be accepted or rejected. Exactly
+// one of Accept and Reject must be called.
+type Request struct {
+	id          *verbs.CMID
+	ch          *channel
+	o           options
+	respRes     int
+	initDepth   int
+	PrivateData []byte   // what the dialer sent (WithPrivateData)
+	RemoteAddr  net.Addr // the dialer's address
+	LocalAddr   net.Addr
+}
+
+// run reads the listening channel. Each connect request's new id is moved
+// to an event channel of its own at once, so the request (and later its
+// connection) never depends on the listener staying open.
+func (l *Listener) run() {
+	defer close(l.loopDone)
+	for {
+		ev, err := l.ch.next(context.Background())
+		if err != nil {
+			select {
+			case <-l.closing:
+				return
+			default:
+			}
+			l.o.logger.Debug().Err(err).Msg("listener: reading CM events")
+			continue
+		}
+		if ev.Type != verbs.EventConnectRequest {
+			l.o.logger.Debug().Stringer("event", ev.Type).Msg("listener: ignored event")
+			ev.Ack()
+			continue
+		}
+		req := &Request{id: ev.ID, o: l.o, PrivateData: ev.PrivateData,
+			respRes: ev.InitiatorDepth, initDepth: ev.ResponderResources,
+			RemoteAddr: ev.ID.RemoteAddr(), LocalAddr: ev.ID.LocalAddr()}
+		ev.Ack()
+		if req.ch, err = newChannel(); err == nil {
+			err = req.id.Migrate(req.ch.ch)
+			if err != nil {
+				req.ch.destroy()
+				req.ch = nil
+			}
+		}
+		if err != nil {
+			l.o.logger.Error().Err(err).Msg("listener: cannot take a connect request; rejecting it")
+			req.id.Reject(nil)
+			req.id.Destroy()
+			continue
+		}
+		select {
+		case l.reqs <- req:
+		default:
+			l.o.logger.Warn().Msg("listener: backlog full; rejecting a connect request")
+			req.Reject(nil)
+		}
+	}
+}
+
+// AcceptRequest waits for the next connect request.
+func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
+	select {
+	case <-l.closing:
+		return nil, ErrListenerClosed
+	default:
+	}
+	select {
+	case req := <-l.reqs:
+		return req, nil
+	case <-l.closing:
+		return nil, ErrListenerClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Accept waits for the next connect request and accepts it with the
+// listener's options (plus opts).
+func (l *Listener) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
+	for {
+		req, err := l.AcceptRequest(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ep, err := req.Accept(ctx, opts...)
+		if err == nil || ctx.Err() != nil {
+			return ep, err
+		}
+		// The dialer gave up or the handshake failed: that is the dialer's
+		// error, not the listener's; wait for the next one.
+		l.o.logger.Debug().Err(err).Msg("listener: accept failed")
+	}
+}
+
+// Accept creates the connection's QP, accepts, and waits until the
+// connection is established or ctx ends.
+func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
+	o := r.o
+	for _, f := range opts {
+		f(&o)
+	}
+	o.ep.Logger = o.logger
+	if len(o.privateData) > verbs.MaxAcceptPrivateData {
+		r.Reject(nil)
+		return nil, fmt.Errorf("cm: accept: %d bytes of private data, at most %d fit (the request was rejected)",
+			len(o.privateData), verbs.MaxAcceptPrivateData)
+	}
+	c := newConn(r.id, r.ch, o.logger)
+	ep, owner, err := endpoint.New(r.id, o.ep, c.close)
+	if err != nil {
+		r.Reject(nil)
+		return nil, fmt.Errorf("cm: accept: %w", err)
+	}
+	c.owner = owner
+	go c.run()
+	dev, err := r.id.Context().QueryDevice()
+	if err == nil {
+		err = r.id.Accept(verbs.ConnParam{PrivateData: o.privateData,
+			ResponderResources: min(16, r.respRes, dev.MaxQPRdAtom),
+			InitiatorDepth:     min(16, r.initDepth, dev.MaxQPInitRdAtom),
+			RNRRetryCount:      o.rnrRetryCount})
+	}
+	if err == nil {
+		_, err = c.waitEstablished(ctx)
+	}
+	if err != nil {
+		ep.Close()
+		drain(ep)
+		return nil, fmt.Errorf("cm: accept: %w", err)
+	}
+	return ep, nil
+}
+
+// Reject refuses the request; the dialer's error carries privateData (at
+// most 148 bytes).
+func (r *Request) Reject(privateData []byte) error {
+	err := r.id.Reject(privateData)
+	return errors.Join(err, r.id.Destroy(), func() error { r.ch.destroy(); return nil }())
+}
+
+// Close stops listening and rejects the requests not yet accepted.
+// Connections already accepted are not affected. Idempotent.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closing)
+		l.ch.wait.Close()
+		<-l.loopDone
+		for {
+			select {
+			case req := <-l.reqs:
+				req.Reject(nil)
+				continue
+			default:
+			}
+			break
+		}
+		l.closeErr = l.id.Destroy()
+		l.ch.ch.Destroy()
+	})
+	return l.closeErr
+}

@@ -1,0 +1,77 @@
+package cm
+
+import (
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+type options struct {
+	ep             endpoint.Config
+	privateData    []byte
+	replyData      *[]byte
+	backlog        int
+	resolveTimeout time.Duration
+	retryCount     int
+	rnrRetryCount  int
+	logger         zerolog.Logger
+}
+
+func newOptions(opts []Option) options {
+	o := options{backlog: 64, resolveTimeout: 2 * time.Second, retryCount: 7, rnrRetryCount: 7, logger: zerolog.Nop()}
+	for _, f := range opts {
+		f(&o)
+	}
+	o.ep.Logger = o.logger
+	return o
+}
+
+// Option configures Dial, Listen and Request.Accept.
+type Option func(*options)
+
+// WithQueueDepth sets both the send and the receive queue depth (default 128).
+func WithQueueDepth(n int) Option {
+	return func(o *options) { o.ep.SendDepth, o.ep.RecvDepth = n, n }
+}
+
+// WithSendDepth sets the send queue depth.
+func WithSendDepth(n int) Option { return func(o *options) { o.ep.SendDepth = n } }
+
+// WithRecvDepth sets the receive queue depth.
+func WithRecvDepth(n int) Option { return func(o *options) { o.ep.RecvDepth = n } }
+
+// WithMaxSGE sets the scatter/gather entries per work request (default 4).
+func WithMaxSGE(n int) Option { return func(o *options) { o.ep.MaxSGE = n } }
+
+// WithInline sets the inline size asked of the QP (default 64 bytes).
+func WithInline(n int) Option { return func(o *options) { o.ep.MaxInline = n } }
+
+// WithPolling sets how completions are waited for; spin is PollHybrid's.
+func WithPolling(mode endpoint.PollMode, spin time.Duration) Option {
+	return func(o *options) { o.ep.Poll, o.ep.Spin = mode, spin }
+}
+
+// WithLogger logs through l (the library is silent by default).
+func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithPrivateData sends b with the connect request (Dial, at most 56 bytes)
+// or with the accept (Request.Accept and Listener.Accept, at most 196 bytes).
+func WithPrivateData(b []byte) Option { return func(o *options) { o.privateData = b } }
+
+// WithReplyData makes Dial store the private data the peer accepted with
+// in *dst.
+func WithReplyData(dst *[]byte) Option { return func(o *options) { o.replyData = dst } }
+
+// WithBacklog sets how many connect requests wait for Accept before new
+// ones are rejected (default 64).
+func WithBacklog(n int) Option { return func(o *options) { o.backlog = n } }
+
+// WithResolveTimeout bounds address and route resolution (default 2s; a
+// ctx deadline that is sooner wins).
+func WithResolveTimeout(d time.Duration) Option { return func(o *options) { o.resolveTimeout = d } }
+
+// WithCloseTimeout bounds how long an endpoint's Close waits for the device
+// to flush posted work (default 5s).
+func WithCloseTimeout(d time.Duration) Option { return func(o *options) { o.ep.CloseTimeout = d } }

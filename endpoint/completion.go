@@ -1,0 +1,249 @@
+package endpoint
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+var pastTime = time.Unix(1, 0)
+
+// ackBatch: CQ events are acked in batches (ibv_ack_cq_events takes a mutex).
+const ackBatch = 64
+
+// pollLoop is the completion goroutine: it drains the CQ in batches, re-arms
+// it, polls once more to close the race between the last poll and the arm,
+// and sleeps on the completion channel through the netpoller. After Close it
+// collects the flushed work requests and tears the verbs objects down.
+func (ep *Endpoint) pollLoop() {
+	defer close(ep.pollDone)
+	unacked := 0
+	var closeDeadline time.Time
+	lastWork := time.Now()
+	for {
+		n, err := ep.drain()
+		if err != nil {
+			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
+			ep.markClosing()
+		}
+		if n > 0 {
+			lastWork = time.Now()
+		}
+		closing, pending := ep.closingState()
+		if closing {
+			if closeDeadline.IsZero() {
+				closeDeadline = time.Now().Add(ep.cfg.CloseTimeout)
+			}
+			if pending == 0 || time.Now().After(closeDeadline) {
+				break
+			}
+		}
+		switch {
+		case n > 0:
+			continue
+		case !closing && ep.cfg.Poll == PollBusy:
+			continue
+		case !closing && ep.cfg.Poll == PollHybrid && time.Since(lastWork) < ep.cfg.Spin:
+			continue
+		}
+		if err := ep.cq.ReqNotify(false); err != nil {
+			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
+		}
+		if n, _ := ep.drain(); n > 0 {
+			lastWork = time.Now()
+			continue
+		}
+		if closing {
+			// Flushed completions raise an event too; the short deadline
+			// only bounds a lost one.
+			ep.wait.SetDeadline(time.Now().Add(10 * time.Millisecond))
+		}
+		werr := ep.wait.Wait(func() bool {
+			err := ep.ch.GetEvent()
+			if err == syscall.EAGAIN {
+				return false
+			}
+			if err == nil {
+				unacked++
+			}
+			return true
+		})
+		if werr != nil && !errors.Is(werr, os.ErrDeadlineExceeded) {
+			ep.cfg.Logger.Error().Err(werr).Msg("waiting on the completion channel")
+			ep.markClosing()
+		}
+		if unacked >= ackBatch {
+			ep.cq.AckEvents(unacked)
+			unacked = 0
+		}
+	}
+	ep.cq.AckEvents(unacked)
+	ep.teardown()
+}
+
+func (ep *Endpoint) markClosing() {
+	ep.mu.Lock()
+	ep.closing = true
+	ep.mu.Unlock()
+}
+
+func (ep *Endpoint) closingState() (bool, int) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.closing, ep.sends.inUse() + ep.recvs.inUse()
+}
+
+// drain polls the CQ until it is empty and queues a Completion for every
+// work request that finished, including the unsignaled sends a signaled
+// completion stands for.
+func (ep *Endpoint) drain() (int, error) {
+	total := 0
+	for {
+		n, err := ep.cq.Poll()
+		if err != nil {
+			return total, err
+		}
+		if n == 0 {
+			return total, nil
+		}
+		total += n
+		ep.mu.Lock()
+		ep.queue.mu.Lock()
+		for i := range n {
+			ep.complete(ep.cq.At(i))
+		}
+		ep.queue.mu.Unlock()
+		ep.mu.Unlock()
+		ep.queue.notify()
+	}
+}
+
+// complete turns one work completion into Completions; ep.mu and
+// ep.queue.mu are held.
+func (ep *Endpoint) complete(wc verbs.WC) {
+	if wc.WRID&recvBit != 0 {
+		idx := uint32(wc.WRID &^ recvBit)
+		if int(idx) >= len(ep.recvs.slots) || !ep.recvs.slots[idx].used {
+			ep.cfg.Logger.Error().Uint64("wr_id", wc.WRID).Msg("completion for an unknown receive")
+			return
+		}
+		s := ep.recvs.release(idx)
+		c := Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Len: int(wc.ByteLen)}
+		if wc.Opcode == verbs.WCRecvRDMAWithImm {
+			c.Op = OpRecvWriteImm
+		}
+		if wc.Flags&verbs.WCWithImm != 0 {
+			c.Imm, c.HasImm = wc.Imm, true
+		}
+		if wc.Status != verbs.WCSuccess {
+			c.Err, c.Len = &CompletionError{Op: OpRecv, Status: wc.Status, VendorErr: wc.VendorErr}, 0
+		}
+		ep.queue.items = append(ep.queue.items, c)
+		return
+	}
+	idx := uint32(wc.WRID)
+	// Sends complete in order: every unsignaled send posted before this
+	// one has completed successfully.
+	for len(ep.sendFIFO) > 0 {
+		head := ep.sendFIFO[0]
+		ep.sendFIFO = ep.sendFIFO[1:]
+		s := ep.sends.release(head)
+		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length}
+		if head == idx {
+			if wc.Status != verbs.WCSuccess {
+				c.Err = &CompletionError{Op: s.op, Status: wc.Status, VendorErr: wc.VendorErr}
+			}
+			ep.queue.items = append(ep.queue.items, c)
+			break
+		}
+		ep.queue.items = append(ep.queue.items, c)
+	}
+	if len(ep.sendFIFO) == 0 {
+		ep.sendFIFO = ep.sendFIFO[:0:cap(ep.sendFIFO)]
+	}
+}
+
+// teardown destroys the verbs objects in order (QP, CQ, channel), then
+// completes whatever the device never handed back with ErrClosed: once the
+// QP is destroyed the device no longer touches those buffers.
+func (ep *Endpoint) teardown() {
+	ep.id.DestroyQP()
+	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy()}
+	ep.mu.Lock()
+	ep.queue.mu.Lock()
+	for _, idx := range ep.sendFIFO {
+		s := ep.sends.release(idx)
+		ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed})
+	}
+	ep.sendFIFO = nil
+	for i := range ep.recvs.slots {
+		if ep.recvs.slots[i].used {
+			s := ep.recvs.release(uint32(i))
+			ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed})
+		}
+	}
+	ep.queue.closed = true
+	ep.queue.mu.Unlock()
+	ep.mu.Unlock()
+	ep.queue.notify()
+	ep.sendBatch.Free()
+	ep.recvBatch.Free()
+	if ep.onClose != nil {
+		errs = append(errs, ep.onClose())
+	}
+	ep.closeErr = errors.Join(errs...)
+}
+
+// completionQueue hands completions from the completion goroutine to the
+// delivery goroutine, so that a slow reader of Completions never stops the
+// CQ from being polled (or Close from finishing).
+type completionQueue struct {
+	mu     sync.Mutex
+	items  []Completion
+	spare  []Completion
+	closed bool
+	wake   chan struct{}
+}
+
+func (q *completionQueue) init() { q.wake = make(chan struct{}, 1) }
+
+func (q *completionQueue) notify() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// deliverLoop sends queued completions to Completions, and closes it once
+// the endpoint is torn down and everything is delivered.
+func (ep *Endpoint) deliverLoop() {
+	q := &ep.queue
+	for {
+		<-q.wake
+		for {
+			q.mu.Lock()
+			batch := q.items
+			q.items = q.spare[:0]
+			closed := q.closed
+			q.mu.Unlock()
+			if len(batch) == 0 {
+				if closed {
+					close(ep.out)
+					return
+				}
+				break
+			}
+			for i := range batch {
+				ep.out <- batch[i]
+				batch[i] = Completion{}
+			}
+			q.mu.Lock()
+			q.spare = batch[:0]
+			q.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,251 @@
+// Package endpoint is one connected RC queue pair: post sends, receives,
+// RDMA writes and reads, and atomics on it, and receive each work request's
+// context back, exactly once, on the Completions channel.
+//
+// Package cm creates endpoints (Dial, Listener.Accept); this package owns
+// what happens on the queue pair: slot accounting (a post never exceeds the
+// queue depth; ErrQueueFull instead), selective signaling, inline sends,
+// batching of many work requests into one ibv_post_send, the completion
+// goroutine (on Go's netpoller, never a thread parked in C), and teardown.
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// Op is the kind of a work request or completion.
+type Op int
+
+// Operations.
+const (
+	OpSend Op = iota
+	OpRecv
+	OpWrite
+	OpRead
+	OpCompareAndSwap
+	OpFetchAndAdd
+	OpRecvWriteImm // a receive consumed by the peer's RDMA_WRITE_WITH_IMM
+)
+
+var opNames = [...]string{"send", "recv", "RDMA write", "RDMA read", "compare-and-swap", "fetch-and-add", "recv (write with imm)"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// Completion is the outcome of one work request.
+type Completion struct {
+	Context any   // what the caller passed to Post*
+	Op      Op    // for receives, OpRecvWriteImm when the peer wrote with imm
+	Err     error // nil, a *CompletionError, or ErrClosed
+	Len     int   // bytes received (receives); bytes posted (others)
+	Imm     uint32
+	HasImm  bool
+	Buffer  *bufpool.Buffer // the buffer posted, when the post named one
+}
+
+// Owner is what package cm keeps to drive an endpoint's connection state;
+// it is not for applications.
+type Owner struct{ ep *Endpoint }
+
+// PeerGone tells the endpoint its connection ended (DISCONNECTED, device
+// removal, ...): the QP moves to the error state so pending work flushes
+// back with errors, and Done closes. The endpoint still needs Close.
+func (o *Owner) PeerGone(cause error) {
+	o.ep.setDone(cause)
+	o.ep.id.Disconnect() // rdma_disconnect moves the QP to the error state
+}
+
+// Endpoint is a connected queue pair. Post* and Close are safe for
+// concurrent use.
+type Endpoint struct {
+	cfg  Config
+	id   *verbs.CMID
+	ch   *verbs.CompChannel
+	cq   *verbs.CQ
+	wait *fdwait.Waiter
+	caps verbs.QPCaps
+	dev  verbs.DeviceAttr
+	pd   *bufpool.PD
+
+	mu        sync.Mutex // posting, slots
+	closing   bool
+	sends     slotTable
+	recvs     slotTable
+	sendFIFO  []uint32 // send slots in posting order, for selective signaling
+	unsigRun  int      // unsignaled sends since the last signaled one
+	sendBatch *verbs.SendBatch
+	recvBatch *verbs.RecvBatch
+	scratch   []Request // postOne's single request, reused
+	sendTaken []uint32  // slots taken by the batch being posted, reused
+	recvTaken []uint32
+
+	out      chan Completion
+	queue    completionQueue
+	pollDone chan struct{}
+	closeErr error
+	onClose  func() error
+
+	doneOnce sync.Once
+	done     chan struct{}
+	doneErr  atomic.Pointer[error]
+
+	closeOnce sync.Once
+}
+
+type slot struct {
+	ctx      any
+	buf      *bufpool.Buffer
+	op       Op
+	length   int
+	signaled bool
+	used     bool
+}
+
+// slotTable maps a work request id to what the caller posted. wr_id is the
+// slot index (plus a bit for receives), never a pointer.
+type slotTable struct {
+	slots []slot
+	free  []uint32
+}
+
+func newSlotTable(n int) slotTable {
+	t := slotTable{slots: make([]slot, n), free: make([]uint32, n)}
+	for i := range t.free {
+		t.free[i] = uint32(n - 1 - i)
+	}
+	return t
+}
+
+func (t *slotTable) inUse() int { return len(t.slots) - len(t.free) }
+
+const recvBit = 1 << 32
+
+// New creates the completion channel, CQ and RC QP on id (which must have
+// a resolved route, or come from a connect request) and starts the
+// completion goroutine. onClose runs once after the QP, CQ and channel are
+// destroyed (package cm destroys the id there).
+func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, error) {
+	cfg.setDefaults()
+	vctx := id.Context()
+	if vctx == nil {
+		return nil, nil, fmt.Errorf("endpoint: the id has no device (resolve the address first): %w", verbs.ErrNoDevice)
+	}
+	dev, err := vctx.QueryDevice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.SendDepth > dev.MaxQPWR || cfg.RecvDepth > dev.MaxQPWR {
+		return nil, nil, fmt.Errorf("endpoint: queue depth %d/%d exceeds the device's %d: %w", cfg.SendDepth, cfg.RecvDepth, dev.MaxQPWR, ErrInvalid)
+	}
+	ep := &Endpoint{cfg: cfg, id: id, dev: dev, onClose: onClose,
+		pollDone: make(chan struct{}), done: make(chan struct{})}
+	if ep.ch, err = vctx.NewCompChannel(); err != nil {
+		return nil, nil, err
+	}
+	cqe := cfg.SendDepth + cfg.RecvDepth
+	if ep.cq, err = vctx.NewCQ(cqe, ep.ch, 64); err != nil {
+		ep.ch.Destroy()
+		return nil, nil, err
+	}
+	ep.caps, err = id.CreateQP(nil, verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
+		MaxSendWR: cfg.SendDepth, MaxRecvWR: cfg.RecvDepth,
+		MaxSendSGE: cfg.MaxSGE, MaxRecvSGE: cfg.MaxSGE, MaxInline: cfg.MaxInline})
+	if err != nil {
+		ep.cq.Destroy()
+		ep.ch.Destroy()
+		return nil, nil, err
+	}
+	if ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel"); err != nil {
+		id.DestroyQP()
+		ep.cq.Destroy()
+		ep.ch.Destroy()
+		return nil, nil, err
+	}
+	// Slots are what was asked, not what the device granted: the CQ was
+	// sized for exactly these, so it can never overflow.
+	ep.sends = newSlotTable(cfg.SendDepth)
+	ep.recvs = newSlotTable(cfg.RecvDepth)
+	ep.sendBatch = verbs.NewSendBatch(cfg.SendDepth, cfg.SendDepth*cfg.MaxSGE)
+	ep.recvBatch = verbs.NewRecvBatch(cfg.RecvDepth, cfg.RecvDepth*cfg.MaxSGE)
+	ep.scratch = make([]Request, 1)
+	ep.sendTaken = make([]uint32, 0, cfg.SendDepth)
+	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
+	ep.pd = bufpool.WrapPD(id.PD())
+	ep.out = make(chan Completion, cfg.SendDepth+cfg.RecvDepth)
+	ep.queue.init()
+	go ep.pollLoop()
+	go ep.deliverLoop()
+	return ep, &Owner{ep: ep}, nil
+}
+
+// PD is the protection domain of the endpoint's QP; pools and regions made
+// on it can be used with every endpoint on the same device.
+func (ep *Endpoint) PD() *bufpool.PD { return ep.pd }
+
+// Completions delivers one Completion per posted work request. After Close
+// (or the end of the connection) it delivers the remaining ones and is then
+// closed: read it until it is closed, or the goroutine delivering to it
+// waits for you.
+func (ep *Endpoint) Completions() <-chan Completion { return ep.out }
+
+// Done is closed when the connection has ended: Close, or the peer left.
+func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
+
+// Err says why Done closed (nil while the connection is up).
+func (ep *Endpoint) Err() error {
+	if p := ep.doneErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (ep *Endpoint) setDone(cause error) {
+	ep.doneOnce.Do(func() {
+		if cause == nil {
+			cause = ErrClosed
+		}
+		ep.doneErr.Store(&cause)
+		close(ep.done)
+	})
+}
+
+// MaxInline is the inline size the device granted.
+func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
+
+// Caps reports the queue pair's granted capacities.
+func (ep *Endpoint) Caps() (sendDepth, recvDepth, maxSGE, maxInline int) {
+	return ep.cfg.SendDepth, ep.cfg.RecvDepth, ep.cfg.MaxSGE, ep.caps.MaxInline
+}
+
+// Close disconnects, waits (at most Config.CloseTimeout) for the device to
+// hand back every posted work request, completes each pending context with
+// an error matching ErrClosed, and destroys the QP, CQ and channel, then the
+// connection id. Safe to call many times and concurrently with posts; every
+// call returns the same result.
+func (ep *Endpoint) Close() error {
+	ep.closeOnce.Do(func() {
+		ep.mu.Lock()
+		ep.closing = true
+		ep.mu.Unlock()
+		// Moves the QP to the error state: posted work flushes back.
+		if err := ep.id.Disconnect(); err != nil && !errors.Is(err, syscall.EINVAL) {
+			ep.cfg.Logger.Debug().Err(err).Msg("rdma_disconnect")
+		}
+		ep.setDone(ErrClosed)
+		ep.wait.SetDeadline(pastTime) // wake the completion goroutine
+		<-ep.pollDone
+	})
+	return ep.closeErr
+}

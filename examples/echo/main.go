@@ -1,0 +1,202 @@
+// Command echo is an RDMA echo server and client over this library.
+//
+//	echo -mode server -addr 10.0.0.1:7471
+//	echo -mode client -addr 10.0.0.1:7471 -size 64 -count 1000
+//	echo -mode demo            # both in one process, on $RDMACM_TEST_ADDR
+//
+// The client sends -count messages of -size bytes one at a time, waits for
+// each echo, checks it byte for byte (-verify), and prints a latency summary.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+func main() {
+	mode := flag.String("mode", "demo", "server, client, or demo (both, in one process)")
+	addr := flag.String("addr", "", "address to listen on or dial (default $RDMACM_TEST_ADDR:7471)")
+	size := flag.Int("size", 64, "message size in bytes")
+	count := flag.Int("count", 1000, "messages the client sends")
+	verify := flag.Bool("verify", true, "check every echoed byte")
+	flag.Parse()
+	if *addr == "" {
+		host := os.Getenv("RDMACM_TEST_ADDR")
+		if host == "" {
+			fmt.Fprintln(os.Stderr, "echo: give -addr, or run under bin/rxevm (which sets RDMACM_TEST_ADDR)")
+			os.Exit(2)
+		}
+		*addr = net.JoinHostPort(host, "7471")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch *mode {
+	case "server":
+		err = serve(ctx, *addr, *size, nil)
+	case "client":
+		err = client(ctx, *addr, *size, *count, *verify)
+	case "demo":
+		err = demo(ctx, *addr, *size, *count, *verify)
+	default:
+		err = fmt.Errorf("unknown -mode %q", *mode)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "echo: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func demo(ctx context.Context, addr string, size, count int, verify bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan net.Addr, 1)
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, addr, size, ready) }()
+	select {
+	case a := <-ready:
+		fmt.Printf("echo server listening on %v\n", a)
+	case err := <-served:
+		return err
+	}
+	err := client(ctx, addr, size, count, verify)
+	cancel()
+	if serr := <-served; serr != nil && !errors.Is(serr, context.Canceled) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// serve accepts connections one at a time and echoes every message back.
+func serve(ctx context.Context, addr string, size int, ready chan<- net.Addr) error {
+	l, err := cm.Listen(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	if ready != nil {
+		ready <- l.Addr()
+	}
+	for {
+		ep, err := l.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		if err := echoConn(ctx, ep, size); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+			fmt.Fprintf(os.Stderr, "echo server: connection: %v\n", err)
+		}
+	}
+}
+
+func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
+	defer func() {
+		ep.Close()
+		for range ep.Completions() {
+		}
+	}()
+	const depth = 16
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	for range depth {
+		b, _ := pool.TryGet()
+		if err := ep.PostRecv(nil, b); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ep.Done():
+			return ep.Err()
+		case c := <-ep.Completions():
+			if c.Err != nil {
+				return c.Err
+			}
+			switch c.Op {
+			case endpoint.OpRecv: // echo the message from the buffer it arrived in
+				err = ep.PostSend(nil, c.Buffer, c.Len)
+			case endpoint.OpSend: // the echo left: the buffer receives again
+				err = ep.PostRecv(nil, c.Buffer)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func client(ctx context.Context, addr string, size, count int, verify bool) error {
+	ep, err := cm.Dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ep.Close()
+		for range ep.Completions() {
+		}
+	}()
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(2))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	send, _ := pool.TryGet()
+	recv, _ := pool.TryGet()
+	rtts := make([]time.Duration, 0, count)
+	start := time.Now()
+	for i := range count {
+		for j := range send.Bytes() {
+			send.Bytes()[j] = byte(i + j)
+		}
+		if err := ep.PostRecv(nil, recv); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := ep.PostSend(nil, send, size); err != nil {
+			return err
+		}
+		for got := 0; got < 2; got++ {
+			select {
+			case c := <-ep.Completions():
+				if c.Err != nil {
+					return fmt.Errorf("message %d: %w", i, c.Err)
+				}
+				if c.Op == endpoint.OpRecv {
+					rtts = append(rtts, time.Since(t0))
+					if c.Len != size {
+						return fmt.Errorf("message %d: echo of %d bytes, sent %d", i, c.Len, size)
+					}
+					if verify && string(recv.Bytes()[:size]) != string(send.Bytes()[:size]) {
+						return fmt.Errorf("message %d: echo differs from what was sent", i)
+					}
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	slices.Sort(rtts)
+	pct := func(p float64) time.Duration { return rtts[min(len(rtts)-1, int(p*float64(len(rtts))))] }
+	fmt.Printf("echo client: %d messages of %d B to %s in %v, all %s\n", count, size, addr, elapsed.Round(time.Millisecond), map[bool]string{true: "verified byte for byte", false: "unverified"}[verify])
+	fmt.Printf("echo client: round trip p50 %v, p99 %v, max %v; %.0f round trips/s\n",
+		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), rtts[len(rtts)-1].Round(time.Microsecond),
+		float64(count)/elapsed.Seconds())
+	return nil
+}

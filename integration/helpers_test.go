@@ -1,0 +1,84 @@
+package integration
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// pair is a connected client and server endpoint on the test device.
+type pair struct {
+	client, server *endpoint.Endpoint
+	listener       *cm.Listener
+}
+
+// connect listens on the device's address (an ephemeral port), dials it and
+// accepts. Everything is closed, and the completions drained, at cleanup.
+func connect(t *testing.T, ctx context.Context, opts ...cm.Option) *pair {
+	t.Helper()
+	addr := rxetest.Addr(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(addr, "0"), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, l.Close()) })
+
+	type accepted struct {
+		ep  *endpoint.Endpoint
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() {
+		ep, err := l.Accept(ctx)
+		got <- accepted{ep, err}
+	}()
+	client, err := cm.Dial(ctx, l.Addr().String(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { closeAndDrain(t, client) })
+	a := <-got
+	require.NoError(t, a.err)
+	t.Cleanup(func() { closeAndDrain(t, a.ep) })
+	return &pair{client: client, server: a.ep, listener: l}
+}
+
+// closeAndDrain closes ep and reads its completions until the channel closes.
+func closeAndDrain(t *testing.T, ep *endpoint.Endpoint) {
+	t.Helper()
+	require.NoError(t, ep.Close())
+	for range ep.Completions() {
+	}
+}
+
+// newPool makes a message pool on ep's protection domain, closed at cleanup.
+func newPool(t *testing.T, ep *endpoint.Endpoint, size, count int) *bufpool.Pool {
+	t.Helper()
+	p, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(count))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	return p
+}
+
+// next waits for ep's next completion.
+func next(t *testing.T, ep *endpoint.Endpoint) endpoint.Completion {
+	t.Helper()
+	select {
+	case c, ok := <-ep.Completions():
+		require.True(t, ok, "completions closed")
+		return c
+	case <-time.After(20 * time.Second):
+		t.Fatal("no completion within 20s")
+	}
+	return endpoint.Completion{}
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

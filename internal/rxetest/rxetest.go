@@ -1,0 +1,130 @@
+// Package rxetest finds the RDMA device tests run on and checks that tests
+// leave no verbs resources behind.
+//
+// Under the testbed (bin/rxevm) the device is rxe0 and its address is in
+// RDMACM_TEST_ADDR. On a host with its own device the address is found from
+// sysfs. Without a device, tests skip with the reason, unless
+// RDMACM_REQUIRE_DEVICE=1 (set by `make test`), where they fail.
+package rxetest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Addr returns the IP address of the RDMA device to test on.
+func Addr(t testing.TB) string {
+	t.Helper()
+	if a := os.Getenv("RDMACM_TEST_ADDR"); a != "" {
+		return a
+	}
+	if a, dev, ok := hostDeviceAddr(); ok {
+		t.Logf("testing on host device %s at %s", dev, a)
+		return a
+	}
+	const why = "no RDMA device: run `make test`, or `go test -exec $(pwd)/bin/rxevm` to run in a Soft-RoCE guest"
+	if os.Getenv("RDMACM_REQUIRE_DEVICE") != "" {
+		t.Fatal(why + " (RDMACM_REQUIRE_DEVICE is set, so this is a failure)")
+	}
+	t.Skip(why)
+	return ""
+}
+
+// Device is the RDMA device name tests run on, for logs.
+func Device() string {
+	if d := os.Getenv("RDMACM_TEST_DEVICE"); d != "" {
+		return d
+	}
+	_, dev, _ := hostDeviceAddr()
+	return dev
+}
+
+// hostDeviceAddr finds an IPv4 address of the netdev under the first RDMA
+// device's port 1.
+func hostDeviceAddr() (addr, dev string, ok bool) {
+	ndevs, _ := filepath.Glob("/sys/class/infiniband/*/ports/1/gid_attrs/ndevs/*")
+	for _, p := range ndevs {
+		name, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		ifi, err := net.InterfaceByName(strings.TrimSpace(string(name)))
+		if err != nil {
+			continue
+		}
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String(), strings.Split(p, "/")[4], true
+			}
+		}
+	}
+	return "", "", false
+}
+
+// Resources is the count of each verbs resource type on the device, as
+// `rdma res show` prints it (pd, cq, qp, cm_id, mr, ctx, srq).
+type Resources map[string]int
+
+// CountResources reads `rdma res show` for the test device.
+func CountResources(t testing.TB) Resources {
+	t.Helper()
+	out, err := exec.Command("rdma", "res", "show").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rdma res show: %v: %s", err, out)
+	}
+	dev := Device()
+	for _, line := range strings.Split(string(bytes.TrimSpace(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.TrimSuffix(f[1], ":") != dev {
+			continue
+		}
+		r := Resources{}
+		for i := 2; i+1 < len(f); i += 2 {
+			n, err := strconv.Atoi(f[i+1])
+			if err == nil {
+				r[f[i]] = n
+			}
+		}
+		return r
+	}
+	t.Fatalf("rdma res show has no line for %s:\n%s", dev, out)
+	return nil
+}
+
+func (r Resources) String() string {
+	var b strings.Builder
+	for _, k := range []string{"pd", "cq", "qp", "cm_id", "mr", "ctx", "srq"} {
+		fmt.Fprintf(&b, "%s %d ", k, r[k])
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// CheckResources records the device's resource counts now and, when the
+// test ends, fails it if they did not come back to them.
+func CheckResources(t testing.TB) {
+	t.Helper()
+	Addr(t) // skips, or fails, without a device
+	before := CountResources(t)
+	t.Cleanup(func() {
+		after := CountResources(t)
+		for k, v := range before {
+			// librdmacm opens each device's context on first use and keeps
+			// it for the life of the process: not a per-test resource.
+			if k == "ctx" {
+				continue
+			}
+			if after[k] != v {
+				t.Errorf("verbs resources leaked: before %v, after %v", before, after)
+				return
+			}
+		}
+	})
+}
