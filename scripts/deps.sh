@@ -6,14 +6,13 @@
 #   run:      ibverbs-providers (the rxe provider, librxe-rdmav34.so)
 #   tools:    ibverbs-utils rdmacm-utils perftest (ibv_devinfo, rping, rdma_server/client, ib_*_bw/lat)
 #   testbed:  qemu-system-x86 busybox-static kmod (the Soft-RoCE guest), iproute2 (the `rdma` tool)
-#             cpio (packs the guest's initramfs)
 #
 # The rdma-core package is deliberately not installed: it pulls udev and upgrades systemd,
 # and nothing here needs it (see ../shared/TESTBED.md).
 set -euo pipefail
 
 pkgs=(gcc libc6-dev libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest
-      qemu-system-x86 busybox-static kmod iproute2 cpio)
+      qemu-system-x86 busybox-static kmod iproute2)
 
 missing=()
 for p in "${pkgs[@]}"; do
