@@ -204,7 +204,6 @@ func (ep *Endpoint) teardown() {
 type completionQueue struct {
 	mu     sync.Mutex
 	items  []Completion
-	spare  []Completion
 	closed bool
 	wake   chan struct{}
 }
@@ -219,15 +218,17 @@ func (q *completionQueue) notify() {
 }
 
 // deliverLoop sends queued completions to Completions, and closes it once
-// the endpoint is torn down and everything is delivered.
+// the endpoint is torn down and everything is delivered. It swaps two
+// slices with the completion goroutine: it owns batch while delivering it,
+// the completion goroutine appends to the other.
 func (ep *Endpoint) deliverLoop() {
 	q := &ep.queue
+	var batch []Completion
 	for {
 		<-q.wake
 		for {
 			q.mu.Lock()
-			batch := q.items
-			q.items = q.spare[:0]
+			batch, q.items = q.items, batch[:0]
 			closed := q.closed
 			q.mu.Unlock()
 			if len(batch) == 0 {
@@ -239,11 +240,8 @@ func (ep *Endpoint) deliverLoop() {
 			}
 			for i := range batch {
 				ep.out <- batch[i]
-				batch[i] = Completion{}
+				batch[i] = Completion{} // drop references for the GC
 			}
-			q.mu.Lock()
-			q.spare = batch[:0]
-			q.mu.Unlock()
 		}
 	}
 }
