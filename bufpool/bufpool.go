@@ -34,6 +34,11 @@ var (
 // PD is a protection domain: memory and queue pairs meet only within one.
 // Get it from an endpoint (endpoint.Endpoint.PD); every endpoint on a
 // device shares librdmacm's per-device default PD, so one pool serves them all.
+//
+// librdmacm frees that PD when the last connection on the device is
+// destroyed, and a PD that still has registered memory cannot be freed (it
+// then stays allocated for the life of the process). Close pools and regions
+// before the last endpoint of the device.
 type PD struct{ pd *verbs.PD }
 
 // WrapPD is used by package endpoint to hand out its protection domain.

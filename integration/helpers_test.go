@@ -82,3 +82,5 @@ func testContext(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+func withQueueDepth(n int) cm.Option { return cm.WithQueueDepth(n) }

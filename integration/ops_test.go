@@ -1,0 +1,310 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+var sizes = []int{1, 64, 4 << 10, 64 << 10, 1 << 20}
+
+// pattern fills b with bytes that depend on seed and position.
+func pattern(b []byte, seed int) {
+	for i := range b {
+		b[i] = byte(i*7 + seed*13 + i>>8)
+	}
+}
+
+func TestSendRecvSizes(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	spool := newPool(t, p.server, 1<<20, 2)
+	cpool := newPool(t, p.client, 1<<20, 2)
+	for i, n := range sizes {
+		for _, withImm := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%dB/imm=%v", n, withImm), func(t *testing.T) {
+				rb, _ := spool.TryGet()
+				defer spool.Put(rb)
+				require.NoError(t, p.server.PostRecv(i, rb))
+				sb, _ := cpool.TryGet()
+				defer cpool.Put(sb)
+				pattern(sb.Bytes()[:n], i)
+				if withImm {
+					require.NoError(t, p.client.PostSendImm("send", sb, n, uint32(0xA0000000+n)))
+				} else {
+					require.NoError(t, p.client.PostSend("send", sb, n))
+				}
+				sc := next(t, p.client)
+				require.NoError(t, sc.Err)
+				require.Equal(t, "send", sc.Context)
+				require.Equal(t, endpoint.OpSend, sc.Op)
+
+				rc := next(t, p.server)
+				require.NoError(t, rc.Err)
+				require.Equal(t, i, rc.Context)
+				require.Equal(t, n, rc.Len)
+				require.Same(t, rb, rc.Buffer)
+				require.True(t, bytes.Equal(sb.Bytes()[:n], rb.Bytes()[:n]), "payload differs")
+				require.Equal(t, withImm, rc.HasImm)
+				if withImm {
+					require.Equal(t, uint32(0xA0000000+n), rc.Imm)
+				}
+			})
+		}
+	}
+}
+
+// exchangeRegion makes a region on the server and gives the client its
+// descriptor the way an application would: in a message.
+func exchangeRegion(t *testing.T, ctx context.Context, p *pair, size int, access bufpool.Access) (*bufpool.Region, bufpool.Remote) {
+	t.Helper()
+	region, err := bufpool.NewRegion(p.server.PD(), size, access)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, region.Close()) })
+
+	spool := newPool(t, p.server, 64, 1)
+	cpool := newPool(t, p.client, 64, 1)
+	rb, _ := cpool.TryGet()
+	require.NoError(t, p.client.PostRecv("desc", rb))
+	sb, _ := spool.TryGet()
+	enc, err := region.Remote().AppendBinary(sb.Bytes()[:0])
+	require.NoError(t, err)
+	require.NoError(t, p.server.PostSend("desc", sb, len(enc)))
+	require.NoError(t, next(t, p.server).Err)
+	c := next(t, p.client)
+	require.NoError(t, c.Err)
+	var remote bufpool.Remote
+	require.NoError(t, remote.UnmarshalBinary(rb.Bytes()[:c.Len]))
+	require.Equal(t, region.Remote(), remote)
+	require.NoError(t, spool.Put(sb))
+	require.NoError(t, cpool.Put(rb))
+	return region, remote
+}
+
+func TestWriteReadSizes(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	region, remote := exchangeRegion(t, ctx, p, 1<<20, bufpool.RemoteRead|bufpool.RemoteWrite)
+	pool := newPool(t, p.client, 1<<20, 2)
+	wb, _ := pool.TryGet()
+	rb, _ := pool.TryGet()
+	for i, n := range sizes {
+		t.Run(fmt.Sprintf("%dB", n), func(t *testing.T) {
+			pattern(wb.Bytes()[:n], i+100)
+			require.NoError(t, p.client.PostWrite("write", wb, n, remote))
+			c := next(t, p.client)
+			require.NoError(t, c.Err)
+			require.Equal(t, endpoint.OpWrite, c.Op)
+			require.True(t, bytes.Equal(wb.Bytes()[:n], region.Bytes()[:n]), "region differs after write")
+
+			clear(rb.Bytes()[:n])
+			require.NoError(t, p.client.PostRead("read", rb, n, remote))
+			c = next(t, p.client)
+			require.NoError(t, c.Err)
+			require.Equal(t, endpoint.OpRead, c.Op)
+			require.True(t, bytes.Equal(wb.Bytes()[:n], rb.Bytes()[:n]), "read back differs")
+		})
+	}
+	require.NoError(t, pool.Put(wb))
+	require.NoError(t, pool.Put(rb))
+}
+
+func TestWriteWithImm(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	region, remote := exchangeRegion(t, ctx, p, 64<<10, bufpool.RemoteWrite)
+	spool := newPool(t, p.server, 64, 1)
+	cpool := newPool(t, p.client, 64<<10, 1)
+	rb, _ := spool.TryGet()
+	require.NoError(t, p.server.PostRecv("imm-recv", rb))
+	wb, _ := cpool.TryGet()
+	pattern(wb.Bytes(), 5)
+	require.NoError(t, p.client.PostWriteImm("write-imm", wb, 64<<10, remote, 0xDEADBEEF))
+	require.NoError(t, next(t, p.client).Err)
+	c := next(t, p.server)
+	require.NoError(t, c.Err)
+	require.Equal(t, "imm-recv", c.Context)
+	require.Equal(t, endpoint.OpRecvWriteImm, c.Op)
+	require.True(t, c.HasImm)
+	require.Equal(t, uint32(0xDEADBEEF), c.Imm)
+	require.Equal(t, 64<<10, c.Len, "byte_len of a write-with-imm receive is the write's length")
+	require.True(t, bytes.Equal(wb.Bytes(), region.Bytes()))
+	require.NoError(t, spool.Put(rb))
+	require.NoError(t, cpool.Put(wb))
+}
+
+func TestScatterGather(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	cpool := newPool(t, p.client, 4096, 4)
+	spool := newPool(t, p.server, 4096, 4)
+	var src [3]*bufpool.Buffer
+	var segs []bufpool.Segment
+	var want []byte
+	for i, n := range []int{100, 3000, 7} {
+		src[i], _ = cpool.TryGet()
+		pattern(src[i].Bytes()[:n], i)
+		s, err := src[i].Segment(0, n)
+		require.NoError(t, err)
+		segs = append(segs, s)
+		want = append(want, src[i].Bytes()[:n]...)
+	}
+	// The receive scatters over two buffers: 1000 bytes, then the rest.
+	r1, _ := spool.TryGet()
+	r2, _ := spool.TryGet()
+	s1, _ := r1.Segment(0, 1000)
+	s2, _ := r2.Segment(0, 4096)
+	require.NoError(t, p.server.PostRecvv("recvv", []bufpool.Segment{s1, s2}))
+	require.NoError(t, p.client.PostSendv("sendv", segs))
+	require.NoError(t, next(t, p.client).Err)
+	c := next(t, p.server)
+	require.NoError(t, c.Err)
+	require.Equal(t, len(want), c.Len)
+	got := append(append([]byte{}, r1.Bytes()[:1000]...), r2.Bytes()[:len(want)-1000]...)
+	require.Equal(t, want, got)
+
+	// Gather-write into a region, then scatter-read it back.
+	region, remote := exchangeRegion(t, ctx, p, 8192, bufpool.RemoteRead|bufpool.RemoteWrite)
+	require.NoError(t, p.client.PostWritev("writev", segs, remote))
+	require.NoError(t, next(t, p.client).Err)
+	require.Equal(t, want, region.Bytes()[:len(want)])
+	d1, _ := cpool.TryGet()
+	t1, _ := d1.Segment(0, 2000)
+	t2, _ := src[0].Segment(0, len(want)-2000) // reuse a source buffer as the second target
+	require.NoError(t, p.client.PostReadv("readv", []bufpool.Segment{t1, t2}, remote))
+	require.NoError(t, next(t, p.client).Err)
+	require.Equal(t, want, append(append([]byte{}, d1.Bytes()[:2000]...), src[0].Bytes()[:len(want)-2000]...))
+	for _, b := range []*bufpool.Buffer{src[0], src[1], src[2], d1} {
+		require.NoError(t, cpool.Put(b))
+	}
+	require.NoError(t, spool.Put(r1))
+	require.NoError(t, spool.Put(r2))
+}
+
+func TestAtomics(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	region, remote := exchangeRegion(t, ctx, p, 64, bufpool.RemoteAtomic|bufpool.RemoteRead)
+	word := region.Bytes()[8:16]
+	binary.NativeEndian.PutUint64(word, 100)
+	w, err := remote.Slice(8, 8)
+	require.NoError(t, err)
+	pool := newPool(t, p.client, 8, 1)
+	b, _ := pool.TryGet()
+	old := func() uint64 { return binary.NativeEndian.Uint64(b.Bytes()) }
+
+	require.NoError(t, p.client.PostFetchAndAdd("faa", b, w, 5))
+	c := next(t, p.client)
+	require.NoError(t, c.Err)
+	require.Equal(t, endpoint.OpFetchAndAdd, c.Op)
+	require.Equal(t, uint64(100), old())
+	require.Equal(t, uint64(105), binary.NativeEndian.Uint64(word))
+
+	require.NoError(t, p.client.PostCompareAndSwap("cas-hit", b, w, 105, 7))
+	require.NoError(t, next(t, p.client).Err)
+	require.Equal(t, uint64(105), old())
+	require.Equal(t, uint64(7), binary.NativeEndian.Uint64(word))
+
+	require.NoError(t, p.client.PostCompareAndSwap("cas-miss", b, w, 999, 1))
+	require.NoError(t, next(t, p.client).Err)
+	require.Equal(t, uint64(7), old(), "a failed compare returns the current value")
+	require.Equal(t, uint64(7), binary.NativeEndian.Uint64(word), "a failed compare changes nothing")
+
+	misaligned, _ := remote.Slice(4, 8)
+	err = p.client.PostFetchAndAdd("bad", b, misaligned, 1)
+	require.ErrorIs(t, err, endpoint.ErrInvalid)
+	require.NoError(t, pool.Put(b))
+}
+
+// TestBatchUnsignaledInline posts many sends in one call, most unsignaled
+// and inline, and checks every context comes back exactly once.
+func TestBatchUnsignaledInline(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	const n = 32
+	spool := newPool(t, p.server, 64, n)
+	cpool := newPool(t, p.client, 64, n)
+	var recvs, sends []endpoint.Request
+	for i := range n {
+		rb, _ := spool.TryGet()
+		recvs = append(recvs, endpoint.Request{Op: endpoint.OpRecv, Context: i, Buffer: rb, Length: rb.Len()})
+		sb, _ := cpool.TryGet()
+		binary.LittleEndian.PutUint64(sb.Bytes(), uint64(i))
+		r := endpoint.Request{Op: endpoint.OpSend, Context: 1000 + i, Buffer: sb, Length: 8}
+		sends = append(sends, *r.Apply(endpoint.Unsignaled(), endpoint.Inline()))
+	}
+	require.NoError(t, p.server.PostBatch(recvs))
+	require.NoError(t, p.client.PostBatch(sends))
+	seen := map[any]int{}
+	for range n {
+		c := next(t, p.client)
+		require.NoError(t, c.Err)
+		seen[c.Context]++
+		require.NoError(t, cpool.Put(c.Buffer))
+	}
+	for i := range n {
+		require.Equal(t, 1, seen[1000+i], "send %d context", i)
+		c := next(t, p.server)
+		require.NoError(t, c.Err)
+		require.Equal(t, i, c.Context, "receives complete in order")
+		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(c.Buffer.Bytes()))
+		require.NoError(t, spool.Put(c.Buffer))
+	}
+
+	// Inline beyond the QP's inline size is refused before posting.
+	big, _ := cpool.TryGet()
+	if p.client.MaxInline() < big.Len() {
+		err := p.client.PostSend("too-big", big, p.client.MaxInline()+1, endpoint.Inline())
+		require.ErrorIs(t, err, endpoint.ErrInvalid)
+	}
+	require.ErrorIs(t, p.client.PostSend("over", big, big.Len()+1), endpoint.ErrInvalid)
+	require.NoError(t, cpool.Put(big))
+}
+
+// TestQueueFullThenClose fills the send queue (the peer has no receive, so
+// the sends wait in RNR retry), checks the next post is refused, then checks
+// Close hands every pending context back with ErrClosed, exactly once.
+func TestQueueFullThenClose(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx, withQueueDepth(4))
+	pool := newPool(t, p.client, 64, 8)
+	for i := range 4 {
+		b, _ := pool.TryGet()
+		require.NoError(t, p.client.PostSend(i, b, 8))
+	}
+	b, _ := pool.TryGet()
+	require.ErrorIs(t, p.client.PostSend(99, b, 8), endpoint.ErrQueueFull)
+	require.NoError(t, p.client.Close())
+	require.NoError(t, p.client.Close(), "Close is idempotent")
+	require.ErrorIs(t, p.client.PostSend(100, b, 8), endpoint.ErrClosed)
+	seen := map[any]int{}
+	for c := range p.client.Completions() {
+		require.ErrorIs(t, c.Err, endpoint.ErrClosed, "context %v", c.Context)
+		seen[c.Context]++
+		require.NoError(t, pool.Put(c.Buffer))
+	}
+	require.Equal(t, map[any]int{0: 1, 1: 1, 2: 1, 3: 1}, seen)
+	require.NoError(t, pool.Put(b))
+	select {
+	case <-p.server.Done():
+	case <-ctx.Done():
+		t.Fatal("the server never saw the client leave")
+	}
+	require.True(t, errors.Is(p.server.Err(), endpoint.ErrClosed))
+}
