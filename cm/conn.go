@@ -25,7 +25,7 @@ var (
 // RejectError is a connect request the peer rejected. It matches
 // syscall.ECONNREFUSED.
 type RejectError struct {
-	Reason      int    // the IB CM reject reason (28: no listener on that port)
+	Reason      int    // the IB CM reject reason (8, invalid service ID: nobody listens on that port)
 	PrivateData []byte // what the peer's Reject sent, if anything
 }
 

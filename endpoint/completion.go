@@ -171,7 +171,10 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 // completes whatever the device never handed back with ErrClosed: once the
 // QP is destroyed the device no longer touches those buffers.
 func (ep *Endpoint) teardown() {
+	ep.qpMu.Lock()
+	ep.qpDestroyed = true
 	ep.id.DestroyQP()
+	ep.qpMu.Unlock()
 	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy()}
 	ep.mu.Lock()
 	ep.queue.mu.Lock()

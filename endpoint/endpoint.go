@@ -10,11 +10,9 @@
 package endpoint
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
@@ -63,8 +61,8 @@ type Owner struct{ ep *Endpoint }
 // removal, ...): the QP moves to the error state so pending work flushes
 // back with errors, and Done closes. The endpoint still needs Close.
 func (o *Owner) PeerGone(cause error) {
+	o.ep.disconnect()
 	o.ep.setDone(cause)
-	o.ep.id.Disconnect() // rdma_disconnect moves the QP to the error state
 }
 
 // Endpoint is a connected queue pair. Post* and Close are safe for
@@ -102,6 +100,26 @@ type Endpoint struct {
 	doneErr  atomic.Pointer[error]
 
 	closeOnce sync.Once
+
+	// qpMu serializes rdma_disconnect (from Close and from the CM
+	// goroutine) with the QP's destruction: librdmacm reads id->qp in both.
+	qpMu         sync.Mutex
+	disconnected bool
+	qpDestroyed  bool
+}
+
+// disconnect moves the QP to the error state (rdma_disconnect), once, and
+// never after the QP is destroyed.
+func (ep *Endpoint) disconnect() {
+	ep.qpMu.Lock()
+	defer ep.qpMu.Unlock()
+	if ep.disconnected || ep.qpDestroyed {
+		return
+	}
+	ep.disconnected = true
+	if err := ep.id.Disconnect(); err != nil {
+		ep.cfg.Logger.Debug().Err(err).Msg("rdma_disconnect")
+	}
 }
 
 type slot struct {
@@ -239,10 +257,7 @@ func (ep *Endpoint) Close() error {
 		ep.mu.Lock()
 		ep.closing = true
 		ep.mu.Unlock()
-		// Moves the QP to the error state: posted work flushes back.
-		if err := ep.id.Disconnect(); err != nil && !errors.Is(err, syscall.EINVAL) {
-			ep.cfg.Logger.Debug().Err(err).Msg("rdma_disconnect")
-		}
+		ep.disconnect() // posted work flushes back
 		ep.setDone(ErrClosed)
 		ep.wait.SetDeadline(pastTime) // wake the completion goroutine
 		<-ep.pollDone

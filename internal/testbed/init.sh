@@ -43,7 +43,11 @@ stty -F /dev/ttyS2 raw -echo
 ip link set lo up
 ip link set "$NIC" mtu 4200 up || fail "no netdev $NIC"
 ip addr add "$ADDR" dev "$NIC"
-chroot /host rdma link add rxe0 type rxe netdev "$NIC" || fail "rdma link add rxe0 failed"
+# An IPv6 address too, without duplicate address detection so it is usable
+# at once. The host's iproute2, by absolute path: busybox runs its own applet
+# for a bare "ip" even inside chroot, and busybox ip has no nodad.
+chroot /host /usr/bin/ip -6 addr add "$ADDR6" dev "$NIC" nodad || fail "cannot add $ADDR6"
+chroot /host /usr/bin/rdma link add rxe0 type rxe netdev "$NIC" || fail "rdma link add rxe0 failed"
 i=0
 until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
 	i=$((i + 1))

@@ -27,7 +27,8 @@ var guestModules = []string{
 // guestConfig is what one guest's init needs to know.
 type guestConfig struct {
 	NIC   string // netdev rxe0 is created on: dummy0 (one guest) or eth0 (pair)
-	Addr  string // CIDR address of NIC
+	Addr  string // CIDR IPv4 address of NIC
+	Addr6 string // CIDR IPv6 address of NIC
 	Agent string // host path of the rxevm binary, run as the guest agent
 	Job   string // host path of the job description
 	Share string // host path of the writable share
@@ -87,8 +88,8 @@ func writeInitramfs(path string, k Kernel, mods []string, cfg guestConfig) error
 		c.Symlink("bin/"+applet, "busybox")
 	}
 	c.File("init", 0o755, initScript)
-	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("NIC=%s\nADDR=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\n",
-		shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Agent), shQuote(cfg.Job), shQuote(cfg.Share))))
+	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("NIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\n",
+		shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job), shQuote(cfg.Share))))
 	modRoot := filepath.Join(k.Root, "lib", "modules", k.Version)
 	var list bytes.Buffer
 	for _, rel := range mods {

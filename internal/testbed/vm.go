@@ -40,7 +40,8 @@ type Options struct {
 
 // Environment variables a command finds in the guest.
 const (
-	EnvAddr     = "RDMACM_TEST_ADDR"      // this guest's address on the rxe netdev
+	EnvAddr     = "RDMACM_TEST_ADDR"      // this guest's IPv4 address on the rxe netdev
+	EnvAddr6    = "RDMACM_TEST_ADDR6"     // and its IPv6 address
 	EnvPeerAddr = "RDMACM_TEST_PEER_ADDR" // the other guest's address (pair mode)
 	EnvDevice   = "RDMACM_TEST_DEVICE"    // the RDMA device name, rxe0
 	EnvGuest    = "RXEVM_GUEST"           // this guest's index, 0 or 1
@@ -195,16 +196,17 @@ func (g *guest) exitStatus(ctx context.Context) (int, error) {
 func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods []string,
 	runDir, share, wd string, argv []string, ports []int, opts Options) (*guest, error) {
 	g := &guest{index: i, console: &tailBuffer{max: 16 << 10}, status: filepath.Join(share, fmt.Sprintf("status-%d", i))}
-	cfg := guestConfig{NIC: "dummy0", Addr: "10.77.0.1/24", Agent: agent, Share: share,
+	cfg := guestConfig{NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share,
 		Job: filepath.Join(share, fmt.Sprintf("job-%d.json", i))}
 	env := append(os.Environ(), EnvDevice+"=rxe0", EnvGuest+"="+strconv.Itoa(i),
 		"TMPDIR=/var/tmp") // the host's /tmp is read-only in the guest; /var/tmp is a tmpfs
 	if opts.Guests == 2 {
 		cfg.NIC = "eth0"
 		cfg.Addr = fmt.Sprintf("10.77.1.%d/24", i+1)
+		cfg.Addr6 = fmt.Sprintf("fd77:1::%d/64", i+1)
 		env = append(env, EnvPeerAddr+"="+fmt.Sprintf("10.77.1.%d", 2-i))
 	}
-	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0])
+	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0], EnvAddr6+"="+strings.Split(cfg.Addr6, "/")[0])
 	jobData, _ := json.Marshal(job{Argv: argv, Env: env, Dir: wd, StatusFile: g.status})
 	if err := os.WriteFile(cfg.Job, jobData, 0o644); err != nil {
 		return nil, err

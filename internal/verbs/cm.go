@@ -351,13 +351,15 @@ func GetAddrInfo(host, port string, passive bool) (*AddrInfo, error) {
 	defer C.free(unsafe.Pointer(cport))
 	var res *C.struct_rdma_addrinfo
 	ret, err := C.rdma_getaddrinfo(chost, cport, &hints, &res)
-	if ret != 0 {
-		if ret > 0 || err == nil { // a getaddrinfo(3) EAI_* code
-			return nil, fmt.Errorf("rdma_getaddrinfo %q: %s", host, C.GoString(C.gai_strerror(ret)))
-		}
+	switch {
+	case ret == 0:
+		return &AddrInfo{p: res}, nil
+	case ret == -1: // librdmacm's own failure, errno set
 		return nil, fmt.Errorf("rdma_getaddrinfo %q: %w", host, err)
+	default: // getaddrinfo(3)'s EAI_* code, passed through
+		return nil, &net.DNSError{Err: C.GoString(C.gai_strerror(ret)), Name: host,
+			IsNotFound: ret == C.EAI_NONAME, IsTemporary: ret == C.EAI_AGAIN}
 	}
-	return &AddrInfo{p: res}, nil
 }
 
 // Free releases the list.

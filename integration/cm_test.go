@@ -1,0 +1,221 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+func TestDialRefused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	addr := rxetest.Addr(t)
+	start := time.Now()
+	_, err := cm.Dial(ctx, net.JoinHostPort(addr, "7999"))
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	var rej *cm.RejectError
+	require.ErrorAs(t, err, &rej)
+	t.Logf("refused after %v: %v", time.Since(start), err)
+	require.Less(t, time.Since(start), 10*time.Second, "a refused dial fails fast, not by a timeout")
+}
+
+func TestDialNoRouteHonoursDeadline(t *testing.T) {
+	rxetest.CheckResources(t)
+	rxetest.Addr(t)
+	// 10.77.0.99 is on rxe0's subnet but nobody answers ARP; 10.123.0.1
+	// has no route at all. Either way Dial returns by its deadline.
+	for _, addr := range []string{"10.77.0.99:7471", "10.123.0.1:7471"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		start := time.Now()
+		_, err := cm.Dial(ctx, addr)
+		cancel()
+		elapsed := time.Since(start)
+		require.Error(t, err)
+		t.Logf("%s: %v after %v", addr, err, elapsed)
+		require.Less(t, elapsed, 1500*time.Millisecond, "dial must return by its 500ms deadline (plus slack)")
+	}
+}
+
+func TestUnknownHostAndBadAddress(t *testing.T) {
+	rxetest.CheckResources(t)
+	ctx := testContext(t)
+	_, err := cm.Dial(ctx, "no-such-host.invalid:7471")
+	require.Error(t, err)
+	t.Logf("unknown host: %v", err)
+	_, err = cm.Dial(ctx, "missing-port")
+	require.Error(t, err)
+	_, err = cm.Listen(ctx, "no-such-host.invalid:7471")
+	require.Error(t, err)
+}
+
+func TestListenPortInUse(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	_, err = cm.Listen(ctx, l.Addr().String())
+	require.ErrorIs(t, err, syscall.EADDRINUSE)
+}
+
+func TestRejectWithPrivateData(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		req, err := l.AcceptRequest(ctx)
+		if err == nil {
+			req.Reject([]byte("go away: " + string(req.PrivateData[:5])))
+		}
+	}()
+	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData([]byte("hello")))
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	var rej *cm.RejectError
+	require.ErrorAs(t, err, &rej)
+	require.True(t, bytes.HasPrefix(rej.PrivateData, []byte("go away: hello")), "reject data %q", rej.PrivateData)
+}
+
+func TestPrivateDataBothWays(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *endpoint.Endpoint, 1)
+	go func() {
+		req, err := l.AcceptRequest(ctx)
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		if !bytes.HasPrefix(req.PrivateData, []byte("from the dialer")) {
+			req.Reject(nil)
+			accepted <- nil
+			return
+		}
+		ep, _ := req.Accept(ctx, cm.WithPrivateData([]byte("from the listener")))
+		accepted <- ep
+	}()
+	var reply []byte
+	ep, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData([]byte("from the dialer")), cm.WithReplyData(&reply))
+	require.NoError(t, err)
+	defer closeAndDrain(t, ep)
+	sep := <-accepted
+	require.NotNil(t, sep)
+	defer closeAndDrain(t, sep)
+	require.True(t, bytes.HasPrefix(reply, []byte("from the listener")), "reply %q", reply)
+
+	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(make([]byte, 57)))
+	require.ErrorContains(t, err, "at most 56")
+}
+
+func TestIPv6(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	addr6 := os.Getenv("RDMACM_TEST_ADDR6")
+	if addr6 == "" {
+		rxetest.Addr(t)
+		t.Skip("no IPv6 address for the RDMA device (the testbed sets RDMACM_TEST_ADDR6)")
+	}
+	l, err := cm.Listen(ctx, net.JoinHostPort(addr6, "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		if ep, err := l.Accept(ctx); err == nil {
+			<-ep.Done()
+			ep.Close()
+			for range ep.Completions() {
+			}
+		}
+	}()
+	ep, err := cm.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	t.Logf("connected over IPv6 to %v", l.Addr())
+	closeAndDrain(t, ep)
+}
+
+// TestPeerDisconnect: when the client closes, the server's Done fires and
+// its posted receives come back with ErrClosed, exactly once each.
+func TestPeerDisconnect(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	pool := newPool(t, p.server, 64, 8)
+	for i := range 8 {
+		b, _ := pool.TryGet()
+		require.NoError(t, p.server.PostRecv(i, b))
+	}
+	require.NoError(t, p.client.Close())
+	select {
+	case <-p.server.Done():
+	case <-ctx.Done():
+		t.Fatal("server never noticed the disconnect")
+	}
+	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
+	seen := map[any]int{}
+	for range 8 {
+		c := next(t, p.server)
+		require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+		seen[c.Context]++
+		require.NoError(t, pool.Put(c.Buffer))
+	}
+	require.Len(t, seen, 8)
+}
+
+// TestManyEndpointsOneListener: 16 clients at once, each echoing messages
+// through the same listener's accepted endpoints.
+func TestManyEndpointsOneListener(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	const clients, msgs = 16, 20
+	var servers sync.WaitGroup
+	serverErrs := make(chan error, clients)
+	servers.Add(clients)
+	for range clients {
+		go func() {
+			defer servers.Done()
+			ep, err := l.Accept(ctx)
+			if err != nil {
+				serverErrs <- err
+				return
+			}
+			serverErrs <- echoUntilClosed(ctx, ep, 64, 4)
+		}()
+	}
+	var wg sync.WaitGroup
+	clientErrs := make(chan error, clients)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			clientErrs <- echoClient(ctx, l.Addr().String(), c, msgs)
+		}()
+	}
+	wg.Wait()
+	servers.Wait()
+	close(clientErrs)
+	close(serverErrs)
+	for err := range clientErrs {
+		require.NoError(t, err)
+	}
+	for err := range serverErrs {
+		require.True(t, err == nil || errors.Is(err, endpoint.ErrClosed), "server: %v", err)
+	}
+}

@@ -1,0 +1,106 @@
+package integration
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// echoUntilClosed echoes every message back on ep until the peer leaves,
+// then closes ep, puts back the buffers its completions return, and closes
+// the pool: the order a user follows.
+func echoUntilClosed(ctx context.Context, ep *endpoint.Endpoint, size, depth int) error {
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
+	if err != nil {
+		ep.Close()
+		for range ep.Completions() {
+		}
+		return err
+	}
+	defer func() {
+		ep.Close()
+		for c := range ep.Completions() {
+			pool.Put(c.Buffer)
+		}
+		pool.Close()
+	}()
+	for range depth {
+		b, _ := pool.TryGet()
+		if err := ep.PostRecv(nil, b); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ep.Done():
+			return nil
+		case c := <-ep.Completions():
+			if c.Err != nil {
+				pool.Put(c.Buffer)
+				return c.Err
+			}
+			if c.Op == endpoint.OpRecv {
+				err = ep.PostSend(nil, c.Buffer, c.Len)
+			} else {
+				err = ep.PostRecv(nil, c.Buffer)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// echoClient dials addr and sends msgs numbered messages one at a time,
+// checking each echo.
+func echoClient(ctx context.Context, addr string, id, msgs int, opts ...cm.Option) error {
+	ep, err := cm.Dial(ctx, addr, opts...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ep.Close()
+		for range ep.Completions() {
+		}
+	}()
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sb, _ := pool.TryGet()
+	rb, _ := pool.TryGet()
+	defer pool.Put(sb)
+	defer pool.Put(rb)
+	for i := range msgs {
+		binary.LittleEndian.PutUint64(sb.Bytes(), uint64(id<<32|i))
+		if err := ep.PostRecv("recv", rb); err != nil {
+			return err
+		}
+		if err := ep.PostSend("send", sb, 8); err != nil {
+			return err
+		}
+		for range 2 {
+			select {
+			case c := <-ep.Completions():
+				if c.Err != nil {
+					return fmt.Errorf("client %d message %d: %w", id, i, c.Err)
+				}
+				if c.Op == endpoint.OpRecv {
+					if got := binary.LittleEndian.Uint64(rb.Bytes()); got != uint64(id<<32|i) || c.Len != 8 {
+						return fmt.Errorf("client %d message %d: echo %#x (%d bytes)", id, i, got, c.Len)
+					}
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	return nil
+}
