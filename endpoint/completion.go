@@ -3,6 +3,7 @@ package endpoint
 import (
 	"errors"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -45,9 +46,11 @@ func (ep *Endpoint) pollLoop() {
 		switch {
 		case n > 0:
 			continue
-		case !closing && ep.cfg.Poll == PollBusy:
-			continue
-		case !closing && ep.cfg.Poll == PollHybrid && time.Since(lastWork) < ep.cfg.Spin:
+		case !closing && (ep.cfg.Poll == PollBusy ||
+			ep.cfg.Poll == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
+			// Spin, but let the goroutines that consume and post run:
+			// with few cores a tight loop would starve them until preempted.
+			runtime.Gosched()
 			continue
 		}
 		if err := ep.cq.ReqNotify(false); err != nil {

@@ -1,0 +1,33 @@
+package bufpool
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRemoteEncoding(t *testing.T) {
+	r := Remote{Addr: 0x0102030405060708, RKey: 0x0a0b0c0d, Len: 1 << 20}
+	b, err := r.MarshalBinary()
+	require.NoError(t, err)
+	require.Len(t, b, RemoteSize)
+	// The encoding is fixed: little-endian Addr, RKey, Len.
+	require.Equal(t, []byte{8, 7, 6, 5, 4, 3, 2, 1, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0x10, 0}, b)
+	var got Remote
+	require.NoError(t, got.UnmarshalBinary(b))
+	require.Equal(t, r, got)
+	require.Error(t, got.UnmarshalBinary(b[:15]), "a short descriptor is refused")
+	require.Error(t, got.UnmarshalBinary(append(b, 0)), "a long descriptor is refused")
+	require.Equal(t, r, got, "a refused decode changes nothing")
+}
+
+func TestRemoteSlice(t *testing.T) {
+	r := Remote{Addr: 4096, RKey: 7, Len: 100}
+	s, err := r.Slice(10, 90)
+	require.NoError(t, err)
+	require.Equal(t, Remote{Addr: 4106, RKey: 7, Len: 90}, s)
+	for _, bad := range [][2]int{{-1, 1}, {0, 101}, {50, 51}, {0, -1}} {
+		_, err := r.Slice(bad[0], bad[1])
+		require.ErrorIs(t, err, ErrRange, "slice %v", bad)
+	}
+}

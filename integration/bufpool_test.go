@@ -1,0 +1,111 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+func TestPoolGetPut(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	pool := newPool(t, p.client, 1000, 3)
+	require.Equal(t, bufpool.Stats{Size: 1000, Count: 3, Free: 3, Out: 0}, pool.Stats())
+	var bufs []*bufpool.Buffer
+	for range 3 {
+		b, ok := pool.TryGet()
+		require.True(t, ok)
+		require.Len(t, b.Bytes(), 1000)
+		bufs = append(bufs, b)
+	}
+	_, ok := pool.TryGet()
+	require.False(t, ok, "an empty pool gives nothing")
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err := pool.Get(short)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, 3, pool.Stats().Out)
+
+	// Get waits for a Put.
+	got := make(chan *bufpool.Buffer)
+	go func() {
+		b, _ := pool.Get(ctx)
+		got <- b
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, pool.Put(bufs[0]))
+	require.Same(t, bufs[0], <-got)
+
+	require.NoError(t, pool.Put(bufs[1]))
+	require.ErrorIs(t, pool.Put(bufs[1]), bufpool.ErrDoublePut)
+	require.Equal(t, 1, pool.Stats().Free, "a refused Put changes nothing")
+
+	other := newPool(t, p.client, 1000, 1)
+	ob, _ := other.TryGet()
+	require.ErrorIs(t, pool.Put(ob), bufpool.ErrForeignBuffer)
+	require.NoError(t, other.Put(ob))
+	require.NoError(t, pool.Put(bufs[0]))
+	require.NoError(t, pool.Put(bufs[2]))
+	require.Equal(t, bufpool.Stats{Size: 1000, Count: 3, Free: 3, Out: 0}, pool.Stats())
+	_, err = bufs[0].Segment(900, 101)
+	require.ErrorIs(t, err, bufpool.ErrRange)
+}
+
+// TestPoolCloseWithBuffersOut: Close stops Get at once, but the memory stays
+// registered until the last buffer is back (it may be posted to the device).
+func TestPoolCloseWithBuffersOut(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	mrBefore := rxetest.CountResources(t)["mr"]
+	pool, err := bufpool.New(p.client.PD(), bufpool.Size(64), bufpool.Count(2))
+	require.NoError(t, err)
+	b, _ := pool.TryGet()
+	b2, _ := pool.TryGet()
+	waiting := make(chan error)
+	go func() {
+		_, err := pool.Get(ctx) // blocks: the pool is empty
+		waiting <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, pool.Close())
+	require.ErrorIs(t, <-waiting, bufpool.ErrClosed, "Close wakes a waiting Get")
+	require.NoError(t, pool.Close(), "Close is idempotent")
+	_, ok := pool.TryGet()
+	require.False(t, ok)
+	require.Equal(t, mrBefore+1, rxetest.CountResources(t)["mr"], "still registered while buffers are out")
+	require.NoError(t, pool.Put(b))
+	require.Equal(t, mrBefore+1, rxetest.CountResources(t)["mr"], "one buffer is still out")
+	require.NoError(t, pool.Put(b2))
+	require.Equal(t, mrBefore, rxetest.CountResources(t)["mr"], "the last Put deregisters")
+	require.ErrorIs(t, pool.Put(b2), bufpool.ErrDoublePut)
+}
+
+// TestRegionAccessIsExact: a region registered for remote read refuses a
+// remote write with a remote access error on that endpoint, and after
+// Close its rkey opens nothing.
+func TestRegionAccessIsExact(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	region, remote := exchangeRegion(t, ctx, p, 4096, bufpool.RemoteRead)
+	pool := newPool(t, p.client, 4096, 1)
+	b, _ := pool.TryGet()
+	require.NoError(t, p.client.PostRead("read-ok", b, 4096, remote))
+	require.NoError(t, next(t, p.client).Err)
+	require.NoError(t, p.client.PostWrite("write-denied", b, 16, remote, endpoint.NoInline()))
+	c := next(t, p.client)
+	var ce *endpoint.CompletionError
+	require.ErrorAs(t, c.Err, &ce)
+	require.Equal(t, endpoint.StatusRemoteAccess, ce.Status, "got %v", c.Err)
+	t.Logf("write to a read-only region: %v", c.Err)
+	require.NoError(t, pool.Put(b))
+	_ = region
+}
