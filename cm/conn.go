@@ -38,10 +38,14 @@ func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }
 
 var pastTime = time.Unix(1, 0)
 
-// channel is one CM event channel and the netpoller wait on it.
+// channel is one CM event channel and the netpoller wait on it. One
+// goroutine at a time reads it.
 type channel struct {
 	ch   *verbs.EventChannel
 	wait *fdwait.Waiter
+	// what the last take found
+	ev     *verbs.Event
+	getErr error
 }
 
 func newChannel() (*channel, error) {
@@ -49,12 +53,18 @@ func newChannel() (*channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := fdwait.New(ch.Fd(), "rdma_cm event channel")
-	if err != nil {
+	c := &channel{ch: ch}
+	if c.wait, err = fdwait.New(ch.Fd(), "rdma_cm event channel", c.take); err != nil {
 		ch.Destroy()
 		return nil, err
 	}
-	return &channel{ch: ch, wait: w}, nil
+	return c, nil
+}
+
+// take is the non-blocking read fdwait calls: false when no event is pending.
+func (c *channel) take() bool {
+	c.ev, c.getErr = c.ch.GetEvent()
+	return c.getErr != syscall.EAGAIN
 }
 
 // next returns the next event, waiting until ctx ends. The caller acks it.
@@ -66,19 +76,15 @@ func (c *channel) next(ctx context.Context) (*verbs.Event, error) {
 	c.wait.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { c.wait.SetDeadline(pastTime) })
 	defer stop()
-	var ev *verbs.Event
-	var getErr error
-	err := c.wait.Wait(func() bool {
-		ev, getErr = c.ch.GetEvent()
-		return getErr != syscall.EAGAIN
-	})
-	if err != nil {
+	if err := c.wait.Wait(); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, err
 	}
-	return ev, getErr
+	ev, err := c.ev, c.getErr
+	c.ev, c.getErr = nil, nil
+	return ev, err
 }
 
 // destroy frees the channel; every id on it must be destroyed.

@@ -22,7 +22,6 @@ const ackBatch = 64
 // collects the flushed work requests and tears the verbs objects down.
 func (ep *Endpoint) pollLoop() {
 	defer close(ep.pollDone)
-	unacked := 0
 	var closeDeadline time.Time
 	lastWork := time.Now()
 	for {
@@ -65,27 +64,31 @@ func (ep *Endpoint) pollLoop() {
 			// only bounds a lost one.
 			ep.wait.SetDeadline(time.Now().Add(10 * time.Millisecond))
 		}
-		werr := ep.wait.Wait(func() bool {
-			err := ep.ch.GetEvent()
-			if err == syscall.EAGAIN {
-				return false
-			}
-			if err == nil {
-				unacked++
-			}
-			return true
-		})
+		werr := ep.wait.Wait()
 		if werr != nil && !errors.Is(werr, os.ErrDeadlineExceeded) {
 			ep.cfg.Logger.Error().Err(werr).Msg("waiting on the completion channel")
 			ep.markClosing()
 		}
-		if unacked >= ackBatch {
-			ep.cq.AckEvents(unacked)
-			unacked = 0
+		if ep.unacked >= ackBatch {
+			ep.cq.AckEvents(ep.unacked)
+			ep.unacked = 0
 		}
 	}
-	ep.cq.AckEvents(unacked)
+	ep.cq.AckEvents(ep.unacked)
 	ep.teardown()
+}
+
+// takeEvent takes one event from the completion channel for fdwait: false
+// when there is none yet. Only the completion goroutine calls it.
+func (ep *Endpoint) takeEvent() bool {
+	err := ep.ch.GetEvent()
+	if err == syscall.EAGAIN {
+		return false
+	}
+	if err == nil {
+		ep.unacked++
+	}
+	return true
 }
 
 func (ep *Endpoint) markClosing() {
@@ -151,9 +154,8 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 	idx := uint32(wc.WRID)
 	// Sends complete in order: every unsignaled send posted before this
 	// one has completed successfully.
-	for len(ep.sendFIFO) > 0 {
-		head := ep.sendFIFO[0]
-		ep.sendFIFO = ep.sendFIFO[1:]
+	for ep.sendFIFO.count > 0 {
+		head := ep.sendFIFO.pop()
 		s := ep.sends.release(head)
 		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length}
 		if head == idx {
@@ -164,9 +166,6 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			break
 		}
 		ep.queue.items = append(ep.queue.items, c)
-	}
-	if len(ep.sendFIFO) == 0 {
-		ep.sendFIFO = ep.sendFIFO[:0:cap(ep.sendFIFO)]
 	}
 }
 
@@ -181,11 +180,10 @@ func (ep *Endpoint) teardown() {
 	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy()}
 	ep.mu.Lock()
 	ep.queue.mu.Lock()
-	for _, idx := range ep.sendFIFO {
-		s := ep.sends.release(idx)
+	for ep.sendFIFO.count > 0 {
+		s := ep.sends.release(ep.sendFIFO.pop())
 		ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed})
 	}
-	ep.sendFIFO = nil
 	for i := range ep.recvs.slots {
 		if ep.recvs.slots[i].used {
 			s := ep.recvs.release(uint32(i))

@@ -61,8 +61,8 @@ type Owner struct{ ep *Endpoint }
 // removal, ...): the QP moves to the error state so pending work flushes
 // back with errors, and Done closes. The endpoint still needs Close.
 func (o *Owner) PeerGone(cause error) {
-	o.ep.disconnect()
 	o.ep.setDone(cause)
+	o.ep.disconnect()
 }
 
 // Endpoint is a connected queue pair. Post* and Close are safe for
@@ -81,14 +81,15 @@ type Endpoint struct {
 	closing   bool
 	sends     slotTable
 	recvs     slotTable
-	sendFIFO  []uint32 // send slots in posting order, for selective signaling
-	unsigRun  int      // unsignaled sends since the last signaled one
+	sendFIFO  ring // send slots in posting order, for selective signaling
+	unsigRun  int  // unsignaled sends since the last signaled one
 	sendBatch *verbs.SendBatch
 	recvBatch *verbs.RecvBatch
 	scratch   []Request // postOne's single request, reused
 	sendTaken []uint32  // slots taken by the batch being posted, reused
 	recvTaken []uint32
 
+	unacked  int // CQ events taken and not yet acked (completion goroutine only)
 	out      chan Completion
 	queue    completionQueue
 	pollDone chan struct{}
@@ -150,6 +151,28 @@ func (t *slotTable) inUse() int { return len(t.slots) - len(t.free) }
 
 const recvBit = 1 << 32
 
+// ring is a fixed-size FIFO of slot indices (it never holds more than the
+// send queue depth, so it never grows).
+type ring struct {
+	buf         []uint32
+	head, count int
+}
+
+func (r *ring) push(v uint32) {
+	r.buf[(r.head+r.count)%len(r.buf)] = v
+	r.count++
+}
+
+func (r *ring) pop() uint32 {
+	v := r.buf[r.head]
+	r.head = (r.head + 1) % len(r.buf)
+	r.count--
+	return v
+}
+
+// dropNewest forgets the n most recently pushed entries.
+func (r *ring) dropNewest(n int) { r.count -= n }
+
 // New creates the completion channel, CQ and RC QP on id (which must have
 // a resolved route, or come from a connect request) and starts the
 // completion goroutine. onClose runs once after the QP, CQ and channel are
@@ -185,7 +208,7 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 		ep.ch.Destroy()
 		return nil, nil, err
 	}
-	if ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel"); err != nil {
+	if ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent); err != nil {
 		id.DestroyQP()
 		ep.cq.Destroy()
 		ep.ch.Destroy()
@@ -194,6 +217,7 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	// Slots are what was asked, not what the device granted: the CQ was
 	// sized for exactly these, so it can never overflow.
 	ep.sends = newSlotTable(cfg.SendDepth)
+	ep.sendFIFO = ring{buf: make([]uint32, cfg.SendDepth)}
 	ep.recvs = newSlotTable(cfg.RecvDepth)
 	ep.sendBatch = verbs.NewSendBatch(cfg.SendDepth, cfg.SendDepth*cfg.MaxSGE)
 	ep.recvBatch = verbs.NewRecvBatch(cfg.RecvDepth, cfg.RecvDepth*cfg.MaxSGE)

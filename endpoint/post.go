@@ -37,10 +37,15 @@ type Request struct {
 
 // Apply applies post options to the request (for building PostBatch lists).
 func (r *Request) Apply(opts ...PostOption) *Request {
+	r.apply(opts)
+	return r
+}
+
+// apply does not return r, so that a Request on the stack stays there.
+func (r *Request) apply(opts []PostOption) {
 	for _, o := range opts {
 		o(r)
 	}
-	return r
 }
 
 // PostSend sends the first n bytes of b. The peer must have a receive posted.
@@ -108,10 +113,12 @@ func (ep *Endpoint) PostFetchAndAdd(wrContext any, b *bufpool.Buffer, remote buf
 }
 
 func (ep *Endpoint) postOne(r Request, opts []PostOption) error {
-	r.Apply(opts...)
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
 	ep.scratch[0] = r
+	// Options run on the endpoint's scratch request, not on r: r would
+	// escape to the heap through the unknown option functions.
+	ep.scratch[0].apply(opts)
 	err := ep.postLocked(ep.scratch)
 	ep.scratch[0] = Request{} // drop references
 	return err
@@ -285,7 +292,7 @@ func (t *slotTable) release(idx uint32) slot {
 // the unsignaled ones before it come back.
 func (ep *Endpoint) takeSend(r *Request) (uint32, int) {
 	idx := ep.sends.take(r)
-	ep.sendFIFO = append(ep.sendFIFO, idx)
+	ep.sendFIFO.push(idx)
 	flags := 0
 	n := r.total()
 	if (r.Op == OpSend || r.Op == OpWrite) && n > 0 &&
@@ -321,7 +328,7 @@ func (ep *Endpoint) unpost(taken []uint32, from int, recv bool) {
 		ep.sends.release(idx)
 	}
 	if !recv {
-		ep.sendFIFO = ep.sendFIFO[:len(ep.sendFIFO)-(len(taken)-from)]
+		ep.sendFIFO.dropNewest(len(taken) - from)
 	}
 }
 

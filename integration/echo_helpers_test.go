@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -43,6 +44,9 @@ func echoUntilClosed(ctx context.Context, ep *endpoint.Endpoint, size, depth int
 		case c := <-ep.Completions():
 			if c.Err != nil {
 				pool.Put(c.Buffer)
+				if errors.Is(c.Err, endpoint.ErrClosed) {
+					return nil // the peer left: its flushed receives end the loop
+				}
 				return c.Err
 			}
 			if c.Op == endpoint.OpRecv {

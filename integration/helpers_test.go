@@ -84,3 +84,30 @@ func testContext(t *testing.T) context.Context {
 }
 
 func withQueueDepth(n int) cm.Option { return cm.WithQueueDepth(n) }
+
+// benchPair connects a pair for a benchmark, closing it when it ends.
+func benchPair(b *testing.B) *pair {
+	b.Helper()
+	ctx := context.Background()
+	addr := rxetest.Addr(b)
+	l, err := cm.Listen(ctx, net.JoinHostPort(addr, "0"))
+	require.NoError(b, err)
+	b.Cleanup(func() { l.Close() })
+	got := make(chan *endpoint.Endpoint, 1)
+	go func() {
+		ep, _ := l.Accept(ctx)
+		got <- ep
+	}()
+	client, err := cm.Dial(ctx, l.Addr().String())
+	require.NoError(b, err)
+	server := <-got
+	require.NotNil(b, server)
+	b.Cleanup(func() {
+		for _, ep := range []*endpoint.Endpoint{client, server} {
+			ep.Close()
+			for range ep.Completions() {
+			}
+		}
+	})
+	return &pair{client: client, server: server, listener: l}
+}

@@ -9,7 +9,8 @@
 // The guest sees the host's root read-only, the caller's working directory
 // and environment, and RDMACM_TEST_ADDR (the address rxe0 is bound to),
 // RDMACM_TEST_DEVICE, RXEVM_GUEST and, with two guests, RDMACM_TEST_PEER_ADDR.
-// TMPDIR is /var/tmp, a tmpfs.
+// TMPDIR is /var/tmp, a tmpfs. -w DIR makes one host directory writable,
+// to bring results out.
 package main
 
 import (
@@ -29,6 +30,7 @@ func main() {
 	guests := flag.Int("guests", 1, "number of guests: 1, or 2 joined by a UDP link (each with rxe0 on eth0)")
 	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long (env RXEVM_TIMEOUT)")
 	memory := flag.Int("memory", 2048, "guest memory in MiB")
+	writable := flag.String("w", os.Getenv("RXEVM_WRITABLE"), "a host `dir` the guest may write (env RXEVM_WRITABLE); the rest is read-only")
 	verbose := flag.Bool("v", os.Getenv("RXEVM_VERBOSE") != "", "stream the guests' consoles to stderr (env RXEVM_VERBOSE)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: rxevm [flags] command [args...]\n")
@@ -50,7 +52,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	code, err := testbed.Run(ctx, flag.Args(), testbed.Options{
-		Guests: *guests, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory,
+		Guests: *guests, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory, WritableDir: *writable,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)

@@ -16,12 +16,15 @@ import (
 // Waiter watches a dup of a descriptor; the original stays owned by the C
 // library, which closes it itself.
 type Waiter struct {
-	f  *os.File
-	rc syscall.RawConn
+	f   *os.File
+	rc  syscall.RawConn
+	try func(uintptr) bool // built once: Wait allocates nothing
 }
 
-// New watches fd for readability. name appears in errors.
-func New(fd int, name string) (*Waiter, error) {
+// New watches fd for readability. try does the non-blocking read itself
+// (through the C library) and returns false when it found nothing (EAGAIN).
+// name appears in errors.
+func New(fd int, name string, try func() bool) (*Waiter, error) {
 	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("fdwait: dup %s: %w", name, err)
@@ -36,17 +39,13 @@ func New(fd int, name string) (*Waiter, error) {
 		f.Close()
 		return nil, err
 	}
-	return &Waiter{f: f, rc: rc}, nil
+	return &Waiter{f: f, rc: rc, try: func(uintptr) bool { return try() }}, nil
 }
 
 // Wait calls try until it returns true, parking on the netpoller while the
-// descriptor is not readable. try does the non-blocking read itself (through
-// the C library) and returns false when it found nothing (EAGAIN). Wait
-// returns os.ErrDeadlineExceeded after SetDeadline's time and an error
-// matching os.ErrClosed after Close.
-func (w *Waiter) Wait(try func() bool) error {
-	return w.rc.Read(func(uintptr) bool { return try() })
-}
+// descriptor is not readable. It returns os.ErrDeadlineExceeded after
+// SetDeadline's time and an error matching os.ErrClosed after Close.
+func (w *Waiter) Wait() error { return w.rc.Read(w.try) }
 
 // SetDeadline makes Wait return at t; a time in the past wakes it now.
 func (w *Waiter) SetDeadline(t time.Time) error { return w.f.SetReadDeadline(t) }

@@ -25,6 +25,10 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroo
 	fail "cannot mount the host root over 9p"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 share "/host$SHARE" ||
 	fail "cannot mount the writable share"
+if [ -n "$OUT" ]; then
+	mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out "/host$OUT" ||
+		fail "cannot mount the writable directory $OUT"
+fi
 mount -t proc proc /host/proc
 mount -t sysfs sysfs /host/sys
 mount -t devtmpfs devtmpfs /host/dev

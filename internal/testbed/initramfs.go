@@ -32,6 +32,7 @@ type guestConfig struct {
 	Agent string // host path of the rxevm binary, run as the guest agent
 	Job   string // host path of the job description
 	Share string // host path of the writable share
+	Out   string // host directory the guest may write (Options.WritableDir), or ""
 }
 
 // moduleFiles resolves guestModules and their dependencies to .ko paths
@@ -88,8 +89,9 @@ func writeInitramfs(path string, k Kernel, mods []string, cfg guestConfig) error
 		c.Symlink("bin/"+applet, "busybox")
 	}
 	c.File("init", 0o755, initScript)
-	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("NIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\n",
-		shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job), shQuote(cfg.Share))))
+	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("NIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\nOUT=%s\n",
+		shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job),
+		shQuote(cfg.Share), shQuote(cfg.Out))))
 	modRoot := filepath.Join(k.Root, "lib", "modules", k.Version)
 	var list bytes.Buffer
 	for _, rel := range mods {

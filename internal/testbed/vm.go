@@ -34,8 +34,11 @@ type Options struct {
 	Verbose bool
 	// MemoryMB per guest.
 	MemoryMB int
-	Stdout   io.Writer
-	Stderr   io.Writer
+	// WritableDir, if set, is a host directory the guest sees writable at
+	// the same path (everything else of the host is read-only there).
+	WritableDir string
+	Stdout      io.Writer
+	Stderr      io.Writer
 }
 
 // Environment variables a command finds in the guest.
@@ -73,6 +76,16 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 	}
 	if opts.MemoryMB == 0 {
 		opts.MemoryMB = 2048
+	}
+	if opts.WritableDir != "" {
+		abs, err := filepath.Abs(opts.WritableDir)
+		if err != nil {
+			return 0, err
+		}
+		if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+			return 0, fmt.Errorf("testbed: writable directory %s: not a directory", abs)
+		}
+		opts.WritableDir = abs
 	}
 	if opts.Stdout == nil {
 		opts.Stdout = os.Stdout
@@ -196,7 +209,7 @@ func (g *guest) exitStatus(ctx context.Context) (int, error) {
 func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods []string,
 	runDir, share, wd string, argv []string, ports []int, opts Options) (*guest, error) {
 	g := &guest{index: i, console: &tailBuffer{max: 16 << 10}, status: filepath.Join(share, fmt.Sprintf("status-%d", i))}
-	cfg := guestConfig{NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share,
+	cfg := guestConfig{NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share, Out: opts.WritableDir,
 		Job: filepath.Join(share, fmt.Sprintf("job-%d.json", i))}
 	env := append(os.Environ(), EnvDevice+"=rxe0", EnvGuest+"="+strconv.Itoa(i),
 		"TMPDIR=/var/tmp") // the host's /tmp is read-only in the guest; /var/tmp is a tmpfs
@@ -232,6 +245,9 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		"-append", "console=ttyS0 panic=-1 quiet loglevel=3",
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + share + ",mount_tag=share,security_model=none",
+	}
+	if opts.WritableDir != "" {
+		args = append(args, "-virtfs", "local,path="+opts.WritableDir+",mount_tag=out,security_model=none")
 	}
 	args = append(args, accelArgs()...)
 	// ttyS0: console, ttyS1: the command's stdout, ttyS2: its stderr. Each is

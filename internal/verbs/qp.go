@@ -130,8 +130,7 @@ func (ch *CompChannel) Fd() int { return int(ch.p.fd) }
 // GetEvent takes one CQ event (EAGAIN when none); it must be acked with
 // CQ.AckEvents before the CQ is destroyed.
 func (ch *CompChannel) GetEvent() error {
-	var cq *C.struct_ibv_cq
-	if ret, err := C.go_get_cq_event(ch.p, &cq); ret != 0 {
+	if ret, err := C.go_get_cq_event(ch.p); ret != 0 {
 		if err == syscall.EAGAIN {
 			return syscall.EAGAIN
 		}

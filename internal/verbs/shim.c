@@ -91,8 +91,9 @@ int go_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return ibv_req_notify_cq(cq, solicited_only);
 }
 
-int go_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq)
+int go_get_cq_event(struct ibv_comp_channel *ch)
 {
+	struct ibv_cq *cq;
 	void *ctx;
-	return ibv_get_cq_event(ch, cq, &ctx);
+	return ibv_get_cq_event(ch, &cq, &ctx);
 }

@@ -53,6 +53,6 @@ int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sg
 int go_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, struct go_recv_wr *wrs, int n,
 		 struct ibv_sge *sge, struct ibv_recv_wr *scratch, int *bad);
 int go_req_notify_cq(struct ibv_cq *cq, int solicited_only);
-int go_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq);
+int go_get_cq_event(struct ibv_comp_channel *ch);
 
 #endif

@@ -1,0 +1,83 @@
+package integration
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// TestHotPathsDoNotAllocate: pool Get/Put, and a post with its completion,
+// allocate nothing in steady state.
+func TestHotPathsDoNotAllocate(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	pool := newPool(t, p.client, 64, 16)
+	allocs := testing.AllocsPerRun(1000, func() {
+		b, _ := pool.Get(ctx)
+		pool.Put(b)
+	})
+	require.Zero(t, allocs, "Get+Put allocates")
+
+	region, remote := exchangeRegion(t, ctx, p, 4096, bufpool.RemoteWrite)
+	_ = region
+	b, _ := pool.TryGet()
+	defer pool.Put(b)
+	allocs = testing.AllocsPerRun(500, func() {
+		if err := p.client.PostWrite(nil, b, 64, remote); err != nil {
+			t.Fatal(err)
+		}
+		if c := <-p.client.Completions(); c.Err != nil {
+			t.Fatal(c.Err)
+		}
+	})
+	require.Zero(t, allocs, "PostWrite + its completion allocates")
+}
+
+func BenchmarkPoolGetPut(b *testing.B) {
+	ctx := context.Background()
+	p := benchPair(b)
+	pool, err := bufpool.New(p.client.PD(), bufpool.Size(4096), bufpool.Count(64))
+	require.NoError(b, err)
+	defer pool.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, _ := pool.Get(ctx)
+		pool.Put(buf)
+	}
+}
+
+// BenchmarkPostWrite64 posts 64-byte RDMA writes, keeping 16 in flight, and
+// collects their completions.
+func BenchmarkPostWrite64(b *testing.B) {
+	p := benchPair(b)
+	ctx := context.Background()
+	pool, err := bufpool.New(p.client.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(b, err)
+	defer pool.Close()
+	region, err := bufpool.NewRegion(p.client.PD(), 4096, bufpool.RemoteWrite)
+	require.NoError(b, err)
+	defer region.Close()
+	buf, _ := pool.Get(ctx)
+	defer pool.Put(buf)
+	remote := region.Remote() // loopback: the client writes its own region via the server's QP peer
+	inflight := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for inflight >= 16 {
+			<-p.client.Completions()
+			inflight--
+		}
+		if err := p.client.PostWrite(nil, buf, 64, remote); err != nil {
+			b.Fatal(err)
+		}
+		inflight++
+	}
+	for ; inflight > 0; inflight-- {
+		<-p.client.Completions()
+	}
+}
