@@ -32,20 +32,64 @@ var (
 )
 
 // PD is a protection domain: memory and queue pairs meet only within one.
-// Get it from an endpoint (endpoint.Endpoint.PD); every endpoint on a
-// device shares librdmacm's per-device default PD, so one pool serves them all.
-//
-// librdmacm frees that PD when the last connection on the device is
-// destroyed, and a PD that still has registered memory cannot be freed (it
-// then stays allocated for the life of the process). Close pools and regions
-// before the last endpoint of the device.
-type PD struct{ pd *verbs.PD }
+// Get it from an endpoint (endpoint.Endpoint.PD). The library uses one PD
+// per device for every endpoint, pool and region on it, so one pool serves
+// all the endpoints of a device. The PD is reference counted: it is freed
+// when the last endpoint, pool and region using it are closed, in any order.
+type PD struct {
+	pd   *verbs.PD
+	key  uintptr // the device context it belongs to
+	refs int     // guarded by pds.mu
+}
 
-// WrapPD is used by package endpoint to hand out its protection domain.
-func WrapPD(pd *verbs.PD) *PD { return &PD{pd: pd} }
+// pds holds the PD of each open device context.
+var pds struct {
+	mu sync.Mutex
+	m  map[uintptr]*PD
+}
 
-// Same reports whether two PDs are the same protection domain.
-func (p *PD) Same(o *PD) bool { return p != nil && o != nil && p.pd.Key() == o.pd.Key() }
+// AcquirePD returns the library's PD on the device, allocating it on first
+// use, with one more reference; Release drops it. For packages endpoint and
+// cm.
+func AcquirePD(dev *verbs.Context) (*PD, error) {
+	pds.mu.Lock()
+	defer pds.mu.Unlock()
+	if p, ok := pds.m[dev.Key()]; ok {
+		p.refs++
+		return p, nil
+	}
+	vpd, err := dev.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	if pds.m == nil {
+		pds.m = map[uintptr]*PD{}
+	}
+	p := &PD{pd: vpd, key: dev.Key(), refs: 1}
+	pds.m[p.key] = p
+	return p, nil
+}
+
+func (p *PD) acquire() {
+	pds.mu.Lock()
+	p.refs++
+	pds.mu.Unlock()
+}
+
+// Release drops one reference; the last frees the PD.
+func (p *PD) Release() error {
+	pds.mu.Lock()
+	defer pds.mu.Unlock()
+	p.refs--
+	if p.refs > 0 {
+		return nil
+	}
+	delete(pds.m, p.key)
+	return p.pd.Dealloc()
+}
+
+// Verbs is the underlying PD, for package endpoint.
+func (p *PD) Verbs() *verbs.PD { return p.pd }
 
 // Segment is registered memory as a work request names it.
 type Segment struct {
@@ -126,6 +170,7 @@ func New(pd *PD, opts ...Option) (*Pool, error) {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("bufpool: registering %d bytes: %w (a non-root user needs `ulimit -l unlimited`)", len(mem), err)
 	}
+	pd.acquire()
 	p := &Pool{pd: pd, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
 		free: make(chan *Buffer, o.count), closing: make(chan struct{})}
 	for i := range p.bufs {
@@ -242,5 +287,5 @@ func (p *Pool) release() error {
 	}
 	p.released = true
 	err := p.mr.Dereg()
-	return errors.Join(err, unix.Munmap(p.mem))
+	return errors.Join(err, unix.Munmap(p.mem), p.pd.Release())
 }

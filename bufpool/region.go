@@ -64,6 +64,7 @@ func (r Remote) Slice(off, n int) (Remote, error) {
 
 // Region is memory registered with exactly the remote access asked for.
 type Region struct {
+	pd     *PD
 	mem    []byte
 	mr     *verbs.MR
 	buf    Buffer
@@ -96,7 +97,8 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("bufpool: registering a %d-byte region: %w", size, err)
 	}
-	r := &Region{mem: mem, mr: mr}
+	pd.acquire()
+	r := &Region{pd: pd, mem: mem, mr: mr}
 	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey()}
 	return r, nil
 }
@@ -122,5 +124,5 @@ func (r *Region) Close() error {
 		return nil
 	}
 	r.closed = true
-	return errors.Join(r.mr.Dereg(), unix.Munmap(r.mem))
+	return errors.Join(r.mr.Dereg(), unix.Munmap(r.mem), r.pd.Release())
 }

@@ -177,7 +177,7 @@ func (ep *Endpoint) teardown() {
 	ep.qpDestroyed = true
 	ep.id.DestroyQP()
 	ep.qpMu.Unlock()
-	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy()}
+	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
 	ep.mu.Lock()
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {

@@ -192,26 +192,7 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	}
 	ep := &Endpoint{cfg: cfg, id: id, dev: dev, onClose: onClose,
 		pollDone: make(chan struct{}), done: make(chan struct{})}
-	if ep.ch, err = vctx.NewCompChannel(); err != nil {
-		return nil, nil, err
-	}
-	cqe := cfg.SendDepth + cfg.RecvDepth
-	if ep.cq, err = vctx.NewCQ(cqe, ep.ch, 64); err != nil {
-		ep.ch.Destroy()
-		return nil, nil, err
-	}
-	ep.caps, err = id.CreateQP(nil, verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
-		MaxSendWR: cfg.SendDepth, MaxRecvWR: cfg.RecvDepth,
-		MaxSendSGE: cfg.MaxSGE, MaxRecvSGE: cfg.MaxSGE, MaxInline: cfg.MaxInline})
-	if err != nil {
-		ep.cq.Destroy()
-		ep.ch.Destroy()
-		return nil, nil, err
-	}
-	if ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent); err != nil {
-		id.DestroyQP()
-		ep.cq.Destroy()
-		ep.ch.Destroy()
+	if err := ep.create(vctx); err != nil {
 		return nil, nil, err
 	}
 	// Slots are what was asked, not what the device granted: the CQ was
@@ -224,12 +205,45 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	ep.scratch = make([]Request, 1)
 	ep.sendTaken = make([]uint32, 0, cfg.SendDepth)
 	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
-	ep.pd = bufpool.WrapPD(id.PD())
 	ep.out = make(chan Completion, cfg.SendDepth+cfg.RecvDepth)
 	ep.queue.init()
 	go ep.pollLoop()
 	go ep.deliverLoop()
 	return ep, &Owner{ep: ep}, nil
+}
+
+// create makes the verbs objects, undoing what it made when a step fails.
+func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	if ep.pd, err = bufpool.AcquirePD(vctx); err != nil {
+		return err
+	}
+	undo = append(undo, func() { ep.pd.Release() })
+	if ep.ch, err = vctx.NewCompChannel(); err != nil {
+		return err
+	}
+	undo = append(undo, func() { ep.ch.Destroy() })
+	// One CQ for both queues, with an entry for every slot: it cannot overflow.
+	if ep.cq, err = vctx.NewCQ(ep.cfg.SendDepth+ep.cfg.RecvDepth, ep.ch, 64); err != nil {
+		return err
+	}
+	undo = append(undo, func() { ep.cq.Destroy() })
+	ep.caps, err = ep.id.CreateQP(ep.pd.Verbs(), verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
+		MaxSendWR: ep.cfg.SendDepth, MaxRecvWR: ep.cfg.RecvDepth,
+		MaxSendSGE: ep.cfg.MaxSGE, MaxRecvSGE: ep.cfg.MaxSGE, MaxInline: ep.cfg.MaxInline})
+	if err != nil {
+		return err
+	}
+	undo = append(undo, ep.id.DestroyQP)
+	ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent)
+	return err
 }
 
 // PD is the protection domain of the endpoint's QP; pools and regions made

@@ -109,3 +109,22 @@ func TestRegionAccessIsExact(t *testing.T) {
 	require.NoError(t, pool.Put(b))
 	_ = region
 }
+
+// TestPoolOutlivesEndpoints: the library's PD is reference counted, so a
+// pool and a region may be closed after the endpoints, in any order, and
+// everything is still freed.
+func TestPoolOutlivesEndpoints(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	pool, err := bufpool.New(p.client.PD(), bufpool.Size(64), bufpool.Count(4))
+	require.NoError(t, err)
+	region, err := bufpool.NewRegion(p.server.PD(), 4096, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	mrs := rxetest.CountResources(t)["mr"]
+	closeAndDrain(t, p.client) // no error: the PD is not freed under the pool
+	closeAndDrain(t, p.server)
+	require.Equal(t, mrs, rxetest.CountResources(t)["mr"], "the memory stays registered")
+	require.NoError(t, region.Close())
+	require.NoError(t, pool.Close())
+}

@@ -292,15 +292,6 @@ func (id *CMID) Context() *Context {
 	return &Context{p: id.p.verbs}
 }
 
-// PD is the protection domain of the id's QP (librdmacm's per-device
-// default PD when the QP was created without one).
-func (id *CMID) PD() *PD {
-	if id.p.pd == nil {
-		return nil
-	}
-	return &PD{p: id.p.pd}
-}
-
 // LocalAddr and RemoteAddr are the id's bound and peer addresses.
 func (id *CMID) LocalAddr() net.Addr {
 	return sockaddrToAddr(C.rdma_get_local_addr(id.p))

@@ -53,8 +53,28 @@ func (c *Context) QueryDevice() (DeviceAttr, error) {
 	}, nil
 }
 
+// Key identifies the device context (its C address).
+func (c *Context) Key() uintptr { return uintptr(unsafe.Pointer(c.p)) }
+
 // PD is a protection domain.
 type PD struct{ p *C.struct_ibv_pd }
+
+// AllocPD allocates a protection domain on the device.
+func (c *Context) AllocPD() (*PD, error) {
+	p, err := C.ibv_alloc_pd(c.p)
+	if p == nil {
+		return nil, callError("ibv_alloc_pd", err)
+	}
+	return &PD{p: p}, nil
+}
+
+// Dealloc frees the PD; nothing may still use it (QPs, MRs, SRQs).
+func (pd *PD) Dealloc() error {
+	if ret := C.ibv_dealloc_pd(pd.p); ret != 0 {
+		return retErrno("ibv_dealloc_pd", ret)
+	}
+	return nil
+}
 
 // Key identifies the PD (its C address), to tell whether two are the same.
 func (pd *PD) Key() uintptr { return uintptr(unsafe.Pointer(pd.p)) }
