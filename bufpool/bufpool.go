@@ -88,6 +88,9 @@ func (p *PD) Release() error {
 	return p.pd.Dealloc()
 }
 
+// Same reports whether two PDs are the same protection domain.
+func (p *PD) Same(o *PD) bool { return p != nil && o != nil && p.pd == o.pd }
+
 // Verbs is the underlying PD, for package endpoint.
 func (p *PD) Verbs() *verbs.PD { return p.pd }
 

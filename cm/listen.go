@@ -21,6 +21,7 @@ type Listener struct {
 	o    options
 	addr net.Addr
 
+	srq       *endpoint.SRQ
 	reqs      chan *Request
 	closing   chan struct{}
 	loopDone  chan struct{}
@@ -69,9 +70,32 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 	}
 	l := &Listener{id: id, ch: ch, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
 		closing: make(chan struct{}), loopDone: make(chan struct{})}
+	if o.srqDepth > 0 {
+		dev := id.Context()
+		if dev == nil {
+			id.Destroy()
+			ch.destroy()
+			return nil, fmt.Errorf("cm: listen %s: a shared receive queue needs the address of one RDMA device, not a wildcard", addr)
+		}
+		maxSGE := o.ep.MaxSGE
+		if maxSGE <= 0 {
+			maxSGE = 1
+		}
+		if l.srq, err = endpoint.NewSRQ(dev, o.srqDepth, maxSGE); err != nil {
+			id.Destroy()
+			ch.destroy()
+			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+		}
+		l.o.ep.SRQ = l.srq
+	}
 	go l.run()
 	return l, nil
 }
+
+// SRQ is the listener's shared receive queue (WithSharedReceiveQueue), or
+// nil. Post receives to it; destroy it after the listener and every
+// endpoint it accepted are closed.
+func (l *Listener) SRQ() *endpoint.SRQ { return l.srq }
 
 // Addr is the bound address (with the port chosen, if port 0 was asked).
 func (l *Listener) Addr() net.Addr { return l.addr }

@@ -17,6 +17,7 @@ type options struct {
 	retryCount     int
 	rnrRetryCount  int
 	logger         zerolog.Logger
+	srqDepth       int
 }
 
 func newOptions(opts []Option) options {
@@ -75,3 +76,8 @@ func WithResolveTimeout(d time.Duration) Option { return func(o *options) { o.re
 // WithCloseTimeout bounds how long an endpoint's Close waits for the device
 // to flush posted work (default 5s).
 func WithCloseTimeout(d time.Duration) Option { return func(o *options) { o.ep.CloseTimeout = d } }
+
+// WithSharedReceiveQueue gives a listener a shared receive queue of depth
+// receives, used by every endpoint it accepts (Listener.SRQ). The listener
+// must be bound to one device's address, not a wildcard.
+func WithSharedReceiveQueue(depth int) Option { return func(o *options) { o.srqDepth = depth } }

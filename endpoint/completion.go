@@ -131,13 +131,18 @@ func (ep *Endpoint) drain() (int, error) {
 // complete turns one work completion into Completions; ep.mu and
 // ep.queue.mu are held.
 func (ep *Endpoint) complete(wc verbs.WC) {
-	if wc.WRID&recvBit != 0 {
-		idx := uint32(wc.WRID &^ recvBit)
-		if int(idx) >= len(ep.recvs.slots) || !ep.recvs.slots[idx].used {
+	if wc.WRID&(recvBit|srqBit) != 0 {
+		var s slot
+		ok := false
+		if wc.WRID&srqBit != 0 {
+			s, ok = ep.cfg.SRQ.complete(uint32(wc.WRID &^ srqBit))
+		} else if idx := uint32(wc.WRID &^ recvBit); int(idx) < len(ep.recvs.slots) && ep.recvs.slots[idx].used {
+			s, ok = ep.recvs.release(idx), true
+		}
+		if !ok {
 			ep.cfg.Logger.Error().Uint64("wr_id", wc.WRID).Msg("completion for an unknown receive")
 			return
 		}
-		s := ep.recvs.release(idx)
 		c := Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Len: int(wc.ByteLen)}
 		if wc.Opcode == verbs.WCRecvRDMAWithImm {
 			c.Op = OpRecvWriteImm
@@ -178,6 +183,9 @@ func (ep *Endpoint) teardown() {
 	ep.id.DestroyQP()
 	ep.qpMu.Unlock()
 	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
+	if ep.cfg.SRQ != nil {
+		ep.cfg.SRQ.detach()
+	}
 	ep.mu.Lock()
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {

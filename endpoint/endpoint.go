@@ -230,15 +230,30 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { ep.ch.Destroy() })
-	// One CQ for both queues, with an entry for every slot: it cannot overflow.
-	if ep.cq, err = vctx.NewCQ(ep.cfg.SendDepth+ep.cfg.RecvDepth, ep.ch, 64); err != nil {
+	// One CQ for both queues, with an entry for every slot: it cannot
+	// overflow. With an SRQ, every shared receive may complete here.
+	recvEntries := ep.cfg.RecvDepth
+	if ep.cfg.SRQ != nil {
+		recvEntries = len(ep.cfg.SRQ.slots.slots)
+	}
+	if ep.cq, err = vctx.NewCQ(ep.cfg.SendDepth+recvEntries, ep.ch, 64); err != nil {
 		return err
 	}
 	undo = append(undo, func() { ep.cq.Destroy() })
-	ep.caps, err = ep.id.CreateQP(ep.pd.Verbs(), verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
+	init := verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
 		MaxSendWR: ep.cfg.SendDepth, MaxRecvWR: ep.cfg.RecvDepth,
-		MaxSendSGE: ep.cfg.MaxSGE, MaxRecvSGE: ep.cfg.MaxSGE, MaxInline: ep.cfg.MaxInline})
-	if err != nil {
+		MaxSendSGE: ep.cfg.MaxSGE, MaxRecvSGE: ep.cfg.MaxSGE, MaxInline: ep.cfg.MaxInline}
+	if srq := ep.cfg.SRQ; srq != nil {
+		if !srq.pd.Same(ep.pd) {
+			return fmt.Errorf("%w: the shared receive queue is on another device", ErrInvalid)
+		}
+		if err = srq.attach(); err != nil {
+			return err
+		}
+		undo = append(undo, srq.detach)
+		init.SRQ, init.MaxRecvWR, init.MaxRecvSGE = srq.srq, 0, 0
+	}
+	if ep.caps, err = ep.id.CreateQP(ep.pd.Verbs(), init); err != nil {
 		return err
 	}
 	undo = append(undo, ep.id.DestroyQP)

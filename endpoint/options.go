@@ -36,6 +36,9 @@ type Config struct {
 	// before it destroys the QP anyway (default 5s).
 	CloseTimeout time.Duration
 	Logger       zerolog.Logger
+	// SRQ, if set, receives for this endpoint: PostRecv on the endpoint is
+	// refused, receives are posted to the SRQ.
+	SRQ *SRQ
 }
 
 func (c *Config) setDefaults() {

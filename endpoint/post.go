@@ -191,6 +191,9 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 
 // check refuses a request before anything is posted.
 func (ep *Endpoint) check(r *Request) error {
+	if r.Op == OpRecv && ep.cfg.SRQ != nil {
+		return fmt.Errorf("%w: this endpoint receives through a shared receive queue: post receives to it", ErrInvalid)
+	}
 	if r.Buffer == nil && len(r.Segments) == 0 {
 		return fmt.Errorf("%w: %v without a buffer or segments", ErrInvalid, r.Op)
 	}

@@ -1,0 +1,134 @@
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// SRQ is a shared receive queue (rdma_create_srq): receives posted to it
+// are consumed by whichever of its endpoints a message arrives on, and that
+// endpoint's Completions delivers the receive's context. Package cm makes
+// one for a listener (cm.WithSharedReceiveQueue).
+type SRQ struct {
+	pd     *bufpool.PD
+	srq    *verbs.SRQ
+	maxSGE int
+
+	mu      sync.Mutex
+	slots   slotTable
+	batch   *verbs.RecvBatch
+	users   int // endpoints whose QP uses it
+	retired bool
+}
+
+const srqBit = 1 << 33
+
+// NewSRQ creates a shared receive queue of depth receives on the device, for
+// package cm.
+func NewSRQ(dev *verbs.Context, depth, maxSGE int) (*SRQ, error) {
+	if depth <= 0 || maxSGE <= 0 {
+		return nil, fmt.Errorf("%w: shared receive queue depth %d, SGEs %d", ErrInvalid, depth, maxSGE)
+	}
+	pd, err := bufpool.AcquirePD(dev)
+	if err != nil {
+		return nil, err
+	}
+	srq, err := pd.Verbs().NewSRQ(depth, maxSGE)
+	if err != nil {
+		pd.Release()
+		return nil, err
+	}
+	return &SRQ{pd: pd, srq: srq, maxSGE: maxSGE, slots: newSlotTable(depth),
+		batch: verbs.NewRecvBatch(1, maxSGE)}, nil
+}
+
+// PD is the protection domain the SRQ's receive buffers must be registered in.
+func (s *SRQ) PD() *bufpool.PD { return s.pd }
+
+// PostRecv posts b to receive one message on any endpoint of the SRQ.
+func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
+	if b == nil {
+		return fmt.Errorf("%w: recv without a buffer", ErrInvalid)
+	}
+	seg, err := b.Segment(0, b.Len())
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.retired {
+		return ErrClosed
+	}
+	if len(s.slots.free) == 0 {
+		return ErrQueueFull
+	}
+	r := Request{Op: OpRecv, Context: wrContext, Buffer: b, Length: b.Len()}
+	idx := s.slots.take(&r)
+	s.batch.Add(&verbs.RecvWR{WRID: srqBit | uint64(idx), SGE: []verbs.SGE{{Addr: seg.Addr, Len: seg.Len, LKey: seg.LKey}}})
+	if err := s.batch.Post(nil, s.srq); err != nil {
+		s.slots.release(idx)
+		return err
+	}
+	return nil
+}
+
+// Pending is the number of posted receives not yet consumed.
+func (s *SRQ) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slots.inUse()
+}
+
+func (s *SRQ) attach() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.retired {
+		return ErrClosed
+	}
+	s.users++
+	return nil
+}
+
+func (s *SRQ) detach() {
+	s.mu.Lock()
+	s.users--
+	s.mu.Unlock()
+}
+
+func (s *SRQ) complete(idx uint32) (slot, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if int(idx) >= len(s.slots.slots) || !s.slots.slots[idx].used {
+		return slot{}, false
+	}
+	return s.slots.release(idx), true
+}
+
+// Destroy destroys the SRQ once no endpoint uses it any more (close them,
+// and the listener, first) and returns the receives never consumed, each
+// with ErrClosed, so their buffers can go back to their pool.
+func (s *SRQ) Destroy() ([]Completion, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.retired {
+		return nil, nil
+	}
+	if s.users > 0 {
+		return nil, fmt.Errorf("endpoint: %d endpoints still use the shared receive queue: close them first", s.users)
+	}
+	s.retired = true
+	err := errors.Join(s.srq.Destroy(), s.pd.Release())
+	s.batch.Free()
+	var pending []Completion
+	for i := range s.slots.slots {
+		if s.slots.slots[i].used {
+			sl := s.slots.release(uint32(i))
+			pending = append(pending, Completion{Context: sl.ctx, Op: OpRecv, Buffer: sl.buf, Err: ErrClosed})
+		}
+	}
+	return pending, err
+}
