@@ -26,7 +26,6 @@ type Listener struct {
 	closing   chan struct{}
 	loopDone  chan struct{}
 	closeOnce sync.Once
-	closeErr  error
 }
 
 // Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
@@ -49,23 +48,26 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	defer ai.Free()
+	// As librdmacm's rdma_server.c: rdma_create_ep binds a passive id;
+	// it then moves to an event channel of ours for rdma_listen.
+	id, err := verbs.CreateEP(ai)
+	if err != nil {
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
 	ch, err := newChannel()
-	if err != nil {
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	if err == nil {
+		if err = id.Migrate(ch.ch); err != nil {
+			ch.destroy()
+		}
 	}
-	id, err := verbs.CreateID(ch.ch)
-	if err != nil {
-		ch.destroy()
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
-	}
-	if err := id.BindAddr(ai); err != nil {
-		id.Destroy()
-		ch.destroy()
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
-	}
-	if err := id.Listen(o.backlog); err != nil {
-		id.Destroy()
-		ch.destroy()
+	if err == nil {
+		if err = id.Listen(o.backlog); err != nil {
+			id.DestroyEP()
+			ch.destroy()
+			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+		}
+	} else {
+		id.DestroyEP()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	l := &Listener{id: id, ch: ch, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
@@ -73,7 +75,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 	if o.srqDepth > 0 {
 		dev := id.Context()
 		if dev == nil {
-			id.Destroy()
+			id.DestroyEP()
 			ch.destroy()
 			return nil, fmt.Errorf("cm: listen %s: a shared receive queue needs the address of one RDMA device, not a wildcard", addr)
 		}
@@ -82,7 +84,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 			maxSGE = 1
 		}
 		if l.srq, err = endpoint.NewSRQ(dev, o.srqDepth, maxSGE); err != nil {
-			id.Destroy()
+			id.DestroyEP()
 			ch.destroy()
 			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 		}
@@ -257,8 +259,8 @@ func (l *Listener) Close() error {
 			}
 			break
 		}
-		l.closeErr = l.id.Destroy()
+		l.id.DestroyEP()
 		l.ch.ch.Destroy()
 	})
-	return l.closeErr
+	return nil
 }

@@ -151,6 +151,23 @@ func CreateID(ch *EventChannel) (*CMID, error) {
 	return &CMID{p: p}, nil
 }
 
+// CreateEP creates an id for ai as rdma_create_ep(3) does, without a QP.
+// For a passive ai it is bound to ai's address and returns at once. The id
+// is synchronous (no event channel): Migrate it to a channel to use it
+// without blocking. (For an active ai rdma_create_ep resolves the address
+// and route synchronously, blocking a thread; Dial does not use it.)
+func CreateEP(ai *AddrInfo) (*CMID, error) {
+	var p *C.struct_rdma_cm_id
+	if ret, err := C.rdma_create_ep(&p, ai.p, nil, nil); ret != 0 {
+		return nil, callError("rdma_create_ep", err)
+	}
+	return &CMID{p: p}, nil
+}
+
+// DestroyEP destroys an id made by CreateEP, with its QP if it has one
+// (rdma_destroy_ep).
+func (id *CMID) DestroyEP() { C.rdma_destroy_ep(id.p) }
+
 // Key identifies the id (its C address), for maps from ids to their owners.
 func (id *CMID) Key() uintptr { return uintptr(unsafe.Pointer(id.p)) }
 
@@ -166,14 +183,6 @@ func (id *CMID) Destroy() error {
 func (id *CMID) Migrate(ch *EventChannel) error {
 	if ret, err := C.rdma_migrate_id(id.p, ch.p); ret != 0 {
 		return callError("rdma_migrate_id", err)
-	}
-	return nil
-}
-
-// BindAddr binds the id to ai's source address (a passive AddrInfo).
-func (id *CMID) BindAddr(ai *AddrInfo) error {
-	if ret, err := C.rdma_bind_addr(id.p, ai.p.ai_src_addr); ret != 0 {
-		return callError("rdma_bind_addr", err)
 	}
 	return nil
 }
