@@ -29,6 +29,7 @@ type RejectError struct {
 	PrivateData []byte // what the peer's Reject sent, if anything
 }
 
+// Error says the connection was refused and why.
 func (e *RejectError) Error() string {
 	return fmt.Sprintf("cm: connection refused (reject reason %d, %d bytes of private data)", e.Reason, len(e.PrivateData))
 }

@@ -35,6 +35,7 @@ const (
 
 var opNames = [...]string{"send", "recv", "RDMA write", "RDMA read", "compare-and-swap", "fetch-and-add", "recv (write with imm)"}
 
+// String names the operation.
 func (o Op) String() string {
 	if int(o) < len(opNames) {
 		return opNames[o]

@@ -47,6 +47,7 @@ type CompletionError struct {
 	VendorErr uint32
 }
 
+// Error names the operation and the device's status.
 func (e *CompletionError) Error() string {
 	return fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
 }

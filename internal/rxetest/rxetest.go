@@ -99,6 +99,7 @@ func CountResources(t testing.TB) Resources {
 	return nil
 }
 
+// String lists the counts in a fixed order.
 func (r Resources) String() string {
 	var b strings.Builder
 	for _, k := range []string{"pd", "cq", "qp", "cm_id", "mr", "ctx", "srq"} {

@@ -53,13 +53,20 @@ func (c *cpioWriter) entry(name string, mode uint32, data []byte, rdevMajor, rde
 	c.pad()
 }
 
+// Dir adds a directory.
 func (c *cpioWriter) Dir(name string) { c.entry(name, modeDir|0o755, nil, 0, 0) }
+
+// File adds a regular file with the given permission bits.
 func (c *cpioWriter) File(name string, perm uint32, data []byte) {
 	c.entry(name, modeFile|perm, data, 0, 0)
 }
+
+// Symlink adds a symbolic link to target.
 func (c *cpioWriter) Symlink(name, target string) {
 	c.entry(name, modeLink|0o777, []byte(target), 0, 0)
 }
+
+// CharDev adds a character device node.
 func (c *cpioWriter) CharDev(name string, major, minor uint32) {
 	c.entry(name, modeChr|0o600, nil, major, minor)
 }

@@ -353,6 +353,7 @@ type tailBuffer struct {
 	buf []byte
 }
 
+// Write keeps p, dropping the oldest bytes beyond max.
 func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -363,6 +364,7 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String is the kept tail, with CRLF line ends made LF.
 func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -378,6 +380,7 @@ type prefixWriter struct {
 	partial bool
 }
 
+// Write writes b with the prefix at the start of every line.
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -49,7 +49,10 @@ type PostError struct {
 	Err   error
 }
 
+// Error names the refused request.
 func (e *PostError) Error() string { return fmt.Sprintf("work request %d: %v", e.Index, e.Err) }
+
+// Unwrap is the device's errno.
 func (e *PostError) Unwrap() error { return e.Err }
 
 // SendBatch is a reusable C-memory array of send work requests, posted with

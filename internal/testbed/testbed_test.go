@@ -1,0 +1,76 @@
+package testbed
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// parseNewc reads back a newc archive: name -> (mode, data).
+func parseNewc(t *testing.T, b []byte) map[string][2]string {
+	t.Helper()
+	out := map[string][2]string{}
+	field := func(h []byte, i int) int {
+		v, err := strconv.ParseUint(string(h[6+8*i:6+8*i+8]), 16, 32)
+		require.NoError(t, err)
+		return int(v)
+	}
+	pad := func(n int) int { return (n + 3) &^ 3 }
+	for off := 0; ; {
+		require.Equal(t, "070701", string(b[off:off+6]), "magic at %d", off)
+		h := b[off : off+110]
+		mode, size, namesize := field(h, 1), field(h, 6), field(h, 11)
+		name := string(b[off+110 : off+110+namesize-1])
+		require.Zero(t, b[off+110+namesize-1], "name is NUL-terminated")
+		dataOff := pad(off + 110 + namesize)
+		if name == "TRAILER!!!" {
+			require.Zero(t, len(b)%4)
+			return out
+		}
+		out[name] = [2]string{strconv.FormatInt(int64(mode), 8), string(b[dataOff : dataOff+size])}
+		off = pad(dataOff + size)
+	}
+}
+
+func TestCpioNewc(t *testing.T) {
+	var buf bytes.Buffer
+	c := &cpioWriter{w: &buf}
+	c.Dir("bin")
+	c.File("bin/x", 0o755, []byte("hello"))
+	c.Symlink("bin/sh", "busybox")
+	c.CharDev("dev/console", 5, 1)
+	c.File("odd-name-length", 0o644, []byte("abc"))
+	require.NoError(t, c.Close())
+	got := parseNewc(t, buf.Bytes())
+	require.Equal(t, [2]string{"40755", ""}, got["bin"])
+	require.Equal(t, [2]string{"100755", "hello"}, got["bin/x"])
+	require.Equal(t, [2]string{"120777", "busybox"}, got["bin/sh"])
+	require.Equal(t, "20600", got["dev/console"][0])
+	require.Equal(t, "abc", got["odd-name-length"][1])
+}
+
+func TestPrefixWriter(t *testing.T) {
+	var out bytes.Buffer
+	p := &prefixWriter{w: &out, prefix: "[g1] "}
+	for _, chunk := range []string{"a\nb", "c\n", "\nd"} {
+		n, err := p.Write([]byte(chunk))
+		require.NoError(t, err)
+		require.Equal(t, len(chunk), n)
+	}
+	require.Equal(t, "[g1] a\n[g1] bc\n[g1] \n[g1] d", out.String())
+}
+
+func TestShQuote(t *testing.T) {
+	require.Equal(t, `'it'\''s a /path'`, shQuote("it's a /path"))
+}
+
+func TestTailBuffer(t *testing.T) {
+	tb := &tailBuffer{max: 8}
+	tb.Write([]byte("0123456789"))
+	tb.Write([]byte("ab\r\n"))
+	require.Equal(t, "6789ab\n", tb.String())
+	require.True(t, strings.HasSuffix(tb.String(), "\n"))
+}
