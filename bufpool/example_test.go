@@ -49,7 +49,7 @@ func ExampleNewRegion() {
 	}
 	defer region.Close()
 	desc, _ := region.Remote().MarshalBinary() // send desc to the peer in a message
-	fmt.Println(len(desc))                      // 16
+	fmt.Println(len(desc))                     // 16
 }
 
 // The descriptor's encoding is fixed and needs no device.
