@@ -28,11 +28,12 @@ vet: deps
 test-host: build
 	RDMACM_REQUIRE_DEVICE= $(GO) test -race -count=1 ./...
 
-# rxe: every test binary runs in a fresh Soft-RoCE guest, one at a time
+# rxe: the device tests (integration/) run in a fresh Soft-RoCE guest, one
+# test binary at a time
 # (-p 1: Soft-RoCE drops completions when many processes drive it at once).
 # A missing device fails these tests instead of skipping them.
 test-rxe: build
-	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) ./...
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) ./integration/...
 
 test: vet test-host test-rxe
 
