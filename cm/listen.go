@@ -219,7 +219,12 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 	c.owner = owner
 	go c.run()
 	dev, err := r.id.Context().QueryDevice()
-	if err == nil {
+	if err == nil && o.setup != nil {
+		err = o.setup(ep)
+	}
+	if err != nil {
+		r.id.Reject(nil) // the dialer learns at once; ep.Close below frees the id
+	} else {
 		err = r.id.Accept(verbs.ConnParam{PrivateData: o.privateData,
 			ResponderResources: min(16, r.respRes, dev.MaxQPRdAtom),
 			InitiatorDepth:     min(16, r.initDepth, dev.MaxQPInitRdAtom),

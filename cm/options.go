@@ -18,6 +18,7 @@ type options struct {
 	rnrRetryCount  int
 	logger         zerolog.Logger
 	srqDepth       int
+	setup          func(*endpoint.Endpoint) error
 }
 
 func newOptions(opts []Option) options {
@@ -81,3 +82,16 @@ func WithCloseTimeout(d time.Duration) Option { return func(o *options) { o.ep.C
 // receives, used by every endpoint it accepts (Listener.SRQ). The listener
 // must be bound to one device's address, not a wildcard.
 func WithSharedReceiveQueue(depth int) Option { return func(o *options) { o.srqDepth = depth } }
+
+// WithRNRRetry sets how often the QP retries a send the peer had no receive
+// posted for (0-7; 7, the default, retries forever). 0 makes any RNR an
+// error at once: a protocol that counts credits uses it to prove it never
+// overruns the peer.
+func WithRNRRetry(n int) Option { return func(o *options) { o.rnrRetryCount = n } }
+
+// WithSetup runs f on the new endpoint after its QP exists and before the
+// connection is requested or accepted: the place to post receives, so that
+// nothing the peer sends at once finds none. If f fails, or the connection
+// then does, Dial or Accept returns the error after closing the endpoint
+// and draining its completions: what f posted is no longer in use.
+func WithSetup(f func(*endpoint.Endpoint) error) Option { return func(o *options) { o.setup = f } }

@@ -1,0 +1,71 @@
+package msg
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	h := Header{Type: TypeRequest, Flags: 0, Credits: 17, ID: 1 << 40, Length: 5}
+	b := make([]byte, HeaderSize+5)
+	h.Encode(b)
+	var got Header
+	require.NoError(t, got.Decode(b))
+	require.Equal(t, h, got)
+}
+
+func TestHeaderRejects(t *testing.T) {
+	good := func() []byte {
+		b := make([]byte, HeaderSize+3)
+		(&Header{Type: TypeData, Length: 3}).Encode(b)
+		return b
+	}
+	cases := map[string]func() []byte{
+		"short":         func() []byte { return good()[:HeaderSize-1] },
+		"version":       func() []byte { b := good(); b[0] = 9; return b },
+		"type zero":     func() []byte { b := good(); b[1] = 0; return b },
+		"type unknown":  func() []byte { b := good(); b[1] = byte(typeLimit); return b },
+		"flags":         func() []byte { b := good(); b[3] = 0x80; return b },
+		"length long":   func() []byte { return good()[:HeaderSize+2] },
+		"length short":  func() []byte { return append(good(), 0) },
+		"credit+bytes":  func() []byte { b := good(); b[1] = byte(TypeCredit); return b },
+		"rendezvous sz": func() []byte { b := good(); b[1] = byte(TypeRendezvous); return b },
+	}
+	for name, mk := range cases {
+		var h Header
+		require.ErrorIs(t, h.Decode(mk()), ErrMalformed, name)
+	}
+}
+
+// FuzzDecode: no input crashes the decoder, and what it accepts re-encodes
+// to the same bytes.
+func FuzzDecode(f *testing.F) {
+	for _, h := range []Header{
+		{Type: TypeData, Length: 3},
+		{Type: TypeCredit, Credits: 8},
+		{Type: TypeRequest, ID: 42, Length: 1},
+		{Type: TypeRendezvous, Flags: FlagRendezvous, Length: rendezvousInfoSize},
+	} {
+		b := make([]byte, HeaderSize+int(h.Length))
+		h.Encode(b)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h Header
+		if h.Decode(b) != nil {
+			return
+		}
+		again := make([]byte, HeaderSize)
+		h.Encode(again)
+		require.Equal(t, b[:HeaderSize], again)
+		if h.Type == TypeRendezvous {
+			var ri rendezvousInfo
+			if ri.decode(b[HeaderSize:]) == nil {
+				out := make([]byte, rendezvousInfoSize)
+				ri.encode(out)
+				require.Equal(t, b[HeaderSize+4:], out[4:])
+			}
+		}
+	})
+}
