@@ -27,6 +27,7 @@ vet: deps
 # only here (RDMACM_REQUIRE_DEVICE is unset); test-rxe runs them next.
 test-host: build
 	RDMACM_REQUIRE_DEVICE= $(GO) test -race -count=1 ./...
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 5s ./msg
 
 # rxe: the device tests (integration/) run in a fresh Soft-RoCE guest, one
 # test binary at a time

@@ -118,22 +118,31 @@ func (h *Header) Decode(b []byte) error {
 }
 
 // rendezvousInfo is the payload of a TypeRendezvous message: the region to
-// read, and the type of the message it carries.
+// read, the type of the message it carries, and the id the receiver names
+// in its TypeRendezvousDone. (The header's ID stays the request id.)
+//
+//	0  type    u8, then 3 bytes of zero
+//	4  rv id   u64
+//	12 addr    u64
+//	20 rkey    u32
+//	24 length  u32
 type rendezvousInfo struct {
-	Type   Type   // TypeData, TypeRequest, TypeResponse or TypeError
+	Type   Type // TypeData, TypeRequest, TypeResponse or TypeError
+	RVID   uint64
 	Addr   uint64 // the region (a bufpool.Remote)
 	RKey   uint32
 	Length uint32
 }
 
-const rendezvousInfoSize = 20
+const rendezvousInfoSize = 28
 
 func (r *rendezvousInfo) encode(b []byte) {
 	b[0] = byte(r.Type)
 	b[1], b[2], b[3] = 0, 0, 0
-	binary.LittleEndian.PutUint64(b[4:], r.Addr)
-	binary.LittleEndian.PutUint32(b[12:], r.RKey)
-	binary.LittleEndian.PutUint32(b[16:], r.Length)
+	binary.LittleEndian.PutUint64(b[4:], r.RVID)
+	binary.LittleEndian.PutUint64(b[12:], r.Addr)
+	binary.LittleEndian.PutUint32(b[20:], r.RKey)
+	binary.LittleEndian.PutUint32(b[24:], r.Length)
 }
 
 func (r *rendezvousInfo) decode(b []byte) error {
@@ -143,9 +152,10 @@ func (r *rendezvousInfo) decode(b []byte) error {
 	default:
 		return fmt.Errorf("%w: rendezvous of a %v message", ErrMalformed, r.Type)
 	}
-	r.Addr = binary.LittleEndian.Uint64(b[4:])
-	r.RKey = binary.LittleEndian.Uint32(b[12:])
-	r.Length = binary.LittleEndian.Uint32(b[16:])
+	r.RVID = binary.LittleEndian.Uint64(b[4:])
+	r.Addr = binary.LittleEndian.Uint64(b[12:])
+	r.RKey = binary.LittleEndian.Uint32(b[20:])
+	r.Length = binary.LittleEndian.Uint32(b[24:])
 	if r.Length == 0 {
 		return fmt.Errorf("%w: an empty rendezvous", ErrMalformed)
 	}

@@ -1,0 +1,307 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/msg"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// msgPair is a connected msg client and server conn.
+func msgPair(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Conn, *msg.Conn, *msg.Listener) {
+	t.Helper()
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	got := make(chan *msg.Conn, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			t.Errorf("accept: %v", err)
+		}
+		got <- c
+	}()
+	client, err := msg.Dial(ctx, l.Addr(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	server := <-got
+	require.NotNil(t, server)
+	t.Cleanup(func() { server.Close() })
+	return client, server, l
+}
+
+func TestMsgSizesIncludingRendezvous(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	require.Equal(t, 4096-msg.HeaderSize, client.MaxInline())
+	for i, n := range []int{0, 1, 64, 4076, 4077, 64 << 10, 1 << 20, 64 << 20} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			payload := make([]byte, n)
+			pattern(payload, i)
+			sent := make(chan error, 1)
+			go func() { sent <- client.Send(ctx, payload) }()
+			got, err := server.Recv(ctx)
+			require.NoError(t, err)
+			require.NoError(t, <-sent)
+			require.Equal(t, n, len(got))
+			require.Equal(t, sha256.Sum256(payload), sha256.Sum256(got), "payload differs")
+		})
+	}
+}
+
+// TestMsgSlowReceiver: the receiver takes nothing for 2 s, then reads
+// slowly. With 4 receives the sender stalls on credits; the QPs run with
+// rnr_retry 0, so a single RNR would fail the connection. None does, and
+// every message arrives in order.
+func TestMsgSlowReceiver(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithBufferSize(256))
+	const n = 60
+	sent := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		for i := range n {
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], uint64(i))
+			if err := client.Send(ctx, b[:]); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	time.Sleep(2 * time.Second)
+	for i := range n {
+		got, err := server.Recv(ctx)
+		require.NoError(t, err, "message %d", i)
+		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(got))
+		if i%10 == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	require.NoError(t, <-sent)
+	require.NoError(t, client.Err())
+	require.NoError(t, server.Err())
+	t.Logf("%d messages through 4 credits with a stalled receiver in %v, no RNR", n, time.Since(start))
+}
+
+func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) {
+	switch method {
+	case "echo":
+		return req, nil
+	case "sum":
+		var s uint64
+		for i := 0; i+8 <= len(req); i += 8 {
+			s += binary.LittleEndian.Uint64(req[i:])
+		}
+		return binary.LittleEndian.AppendUint64(nil, s), nil
+	case "sleep":
+		d, _ := time.ParseDuration(string(req))
+		select {
+		case <-time.After(d):
+			return []byte("slept"), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	case "fail":
+		return nil, errors.New("you asked for it")
+	}
+	return nil, fmt.Errorf("no method %q", method)
+}
+
+func rpcServer(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Server, string, chan error) {
+	t.Helper()
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
+	require.NoError(t, err)
+	s := msg.NewServer(rpcHandler)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, l) }()
+	return s, l.Addr(), served
+}
+
+// TestRPCConcurrentCallers: 32 callers x 1000 calls on one connection,
+// every result checked.
+func TestRPCConcurrentCallers(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	const callers, calls = 32, 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	start := time.Now()
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				req := binary.LittleEndian.AppendUint64(nil, uint64(c))
+				req = binary.LittleEndian.AppendUint64(req, uint64(i))
+				method := "echo"
+				if i%2 == 1 {
+					method = "sum"
+				}
+				resp, err := cl.Call(ctx, method, req)
+				if err != nil {
+					errs <- fmt.Errorf("caller %d call %d: %w", c, i, err)
+					return
+				}
+				want := req
+				if method == "sum" {
+					want = binary.LittleEndian.AppendUint64(nil, uint64(c+i))
+				}
+				if !bytes.Equal(resp, want) {
+					errs <- fmt.Errorf("caller %d call %d: %s gave %x, want %x", c, i, method, resp, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d calls in %v: %.0f calls/s", callers*calls, elapsed, float64(callers*calls)/elapsed.Seconds())
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
+func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+
+	_, err = cl.Call(ctx, "fail", nil)
+	var re *msg.RemoteError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, "you asked for it", re.Msg)
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = cl.Call(short, "sleep", []byte("1s"))
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// The connection still serves after a call gave up.
+	resp, err := cl.Call(ctx, "echo", []byte("still here"))
+	require.NoError(t, err)
+	require.Equal(t, "still here", string(resp))
+
+	// A call and its response larger than a buffer go by rendezvous.
+	big := make([]byte, 3<<20)
+	pattern(big, 9)
+	resp, err = cl.Call(ctx, "echo", big)
+	require.NoError(t, err)
+	require.Equal(t, sha256.Sum256(big), sha256.Sum256(resp))
+
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
+// TestServerShutdownWithCallsInFlight: every call in flight completes or
+// returns a clear error; none hangs.
+func TestServerShutdownWithCallsInFlight(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	defer cl.Close()
+	results := make(chan error, 10)
+	for range 10 {
+		go func() {
+			_, err := cl.Call(ctx, "sleep", []byte("300ms"))
+			results <- err
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // the calls are in the handlers
+	require.NoError(t, s.Shutdown(ctx), "in-flight calls finish within the deadline")
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	ok := 0
+	for range 10 {
+		select {
+		case err := <-results:
+			if err == nil {
+				ok++
+			} else {
+				require.ErrorIs(t, err, msg.ErrClosed, "a call cut short says the connection closed")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a call hangs after Shutdown")
+		}
+	}
+	require.Equal(t, 10, ok, "Shutdown let the calls in flight finish")
+	_, err = cl.Call(ctx, "echo", []byte("after"))
+	require.Error(t, err, "the server is gone")
+}
+
+// TestMalformedFrameEndsOnlyThatConnection: a peer that sends garbage after
+// a valid hello loses its connection with ErrMalformed; another connection
+// on the same listener keeps working.
+func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *msg.Conn, 2)
+	go func() {
+		for range 2 {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	good, err := msg.Dial(ctx, l.Addr())
+	require.NoError(t, err)
+	defer good.Close()
+	goodSrv := <-accepted
+	defer goodSrv.Close()
+
+	raw, err := cm.Dial(ctx, l.Addr(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
+	require.NoError(t, err)
+	defer closeAndDrain(t, raw)
+	badSrv := <-accepted
+	defer badSrv.Close()
+	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(t, err)
+	defer pool.Close()
+	b, _ := pool.TryGet()
+	copy(b.Bytes(), "this is not a msg frame at all!!")
+	require.NoError(t, raw.PostSend(nil, b, 32))
+	c := next(t, raw)
+	require.NoError(t, c.Err)
+	require.NoError(t, pool.Put(b))
+
+	_, err = badSrv.Recv(ctx)
+	require.ErrorIs(t, err, msg.ErrMalformed)
+	t.Logf("bad peer: %v", err)
+
+	require.NoError(t, good.Send(ctx, []byte("unaffected")))
+	got, err := goodSrv.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "unaffected", string(got))
+}

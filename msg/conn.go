@@ -1,0 +1,478 @@
+package msg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// ErrClosed is returned after the connection ended. It matches
+// endpoint.ErrClosed and net.ErrClosed.
+var ErrClosed = endpoint.ErrClosed
+
+func errorf(format string, a ...any) error { return fmt.Errorf("msg: "+format, a...) }
+
+// Message is a received message. Its Payload lives in registered memory
+// that keeps one of the connection's receives (a credit of the peer's) until
+// Release: release every message, and soon.
+type Message struct {
+	Type    Type
+	ID      uint64
+	Payload []byte
+
+	c      *Conn
+	buf    *bufpool.Buffer // a receive buffer, reposted on Release
+	region *bufpool.Region // a rendezvous region, freed on Release
+	once   sync.Once
+}
+
+// Release gives the message's memory back; the peer gets the credit.
+func (m *Message) Release() {
+	m.once.Do(func() {
+		if m.buf != nil {
+			m.c.repost(m.buf)
+			return
+		}
+		m.region.Close()
+		m.c.grant()
+	})
+}
+
+// Conn is a message connection: Send and Recv, with credit-based flow
+// control and rendezvous for large messages. Safe for concurrent use.
+type Conn struct {
+	ep        *endpoint.Endpoint
+	o         options
+	recvPool  *bufpool.Pool
+	sendPool  *bufpool.Pool
+	maxInline int // payload bytes that fit the peer's buffers
+	grantAt   int // toGrant that triggers a credit message
+
+	mu      sync.Mutex
+	credits int           // messages this side may send
+	toGrant int           // receives reposted and not yet announced
+	dones   []uint64      // rendezvous ids to confirm
+	changed chan struct{} // closed (and replaced) on every change of the above
+	err     error         // why the connection ended
+	rvSend  map[uint64]*pendingRendezvous
+	nextRV  uint64
+
+	inbox     chan *Message
+	done      chan struct{}
+	loopDone  chan struct{}
+	ctrlDone  chan struct{}
+	closeOnce sync.Once
+}
+
+type pendingRendezvous struct {
+	region *bufpool.Region
+	done   chan struct{}
+}
+
+// rendezvousRead is the context of an RDMA READ pulling a large message.
+type rendezvousRead struct {
+	info   rendezvousInfo
+	hdr    Header
+	region *bufpool.Region
+}
+
+// sendToken marks send completions of the connection's own buffers.
+type sendToken struct{}
+
+func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hello) (*Conn, error) {
+	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(peer.bufSize), bufpool.Count(o.recvDepth))
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
+		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
+		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
+		inbox: make(chan *Message, o.recvDepth), done: make(chan struct{}),
+		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
+	go c.run()
+	go c.controlLoop()
+	return c, nil
+}
+
+// postReceives is the cm setup step: the receives are posted before the
+// connection is, so the peer's first credits are real.
+func postReceives(o options, posted *[]*bufpool.Buffer, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
+	return func(ep *endpoint.Endpoint) error {
+		p, err := bufpool.New(ep.PD(), bufpool.Size(o.bufSize), bufpool.Count(o.recvDepth))
+		if err != nil {
+			return err
+		}
+		*pool = p
+		for range o.recvDepth {
+			b, _ := p.TryGet()
+			if err := ep.PostRecv(nil, b); err != nil {
+				p.Put(b)
+				return err
+			}
+			*posted = append(*posted, b)
+		}
+		return nil
+	}
+}
+
+// abandon frees what postReceives made after cm gave up on the connection
+// (cm closed the endpoint first, so the device no longer uses them).
+func abandon(posted []*bufpool.Buffer, pool *bufpool.Pool) {
+	if pool == nil {
+		return
+	}
+	for _, b := range posted {
+		pool.Put(b)
+	}
+	pool.Close()
+}
+
+func (o options) endpointOptions() []cm.Option {
+	// Every send takes a send buffer (recvDepth of them) and every
+	// rendezvous a read (at most recvDepth at once): the send queue holds both.
+	return append(o.cmOpts, cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1),
+		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
+}
+
+// Dial connects to a msg Listener at addr.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	var posted []*bufpool.Buffer
+	var pool *bufpool.Pool
+	var reply []byte
+	ep, err := cm.Dial(ctx, addr, append(o.endpointOptions(), cm.WithSetup(postReceives(o, &posted, &pool)),
+		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode()), cm.WithReplyData(&reply))...)
+	if err != nil {
+		abandon(posted, pool)
+		return nil, err
+	}
+	peer, err := parseHello(reply)
+	if err == nil {
+		var c *Conn
+		if c, err = newConn(ep, o, pool, peer); err == nil {
+			return c, nil
+		}
+	}
+	ep.Close()
+	for range ep.Completions() {
+	}
+	abandon(posted, pool)
+	return nil, err
+}
+
+// Listener accepts msg connections.
+type Listener struct {
+	l *cm.Listener
+	o options
+}
+
+// Listen listens on addr for msg connections.
+func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	l, err := cm.Listen(ctx, addr, o.cmOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Listener{l: l, o: o}, nil
+}
+
+// Addr is the listening address.
+func (l *Listener) Addr() string { return l.l.Addr().String() }
+
+// Close stops listening. Accepted connections are not affected.
+func (l *Listener) Close() error { return l.l.Close() }
+
+// Accept waits for the next msg connection. Connect requests that are not
+// from a msg peer are rejected and skipped.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	for {
+		req, err := l.l.AcceptRequest(ctx)
+		if err != nil {
+			return nil, err
+		}
+		peer, err := parseHello(req.PrivateData)
+		if err != nil {
+			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr).Msg("msg: rejecting a connect request")
+			req.Reject([]byte("msg: no hello"))
+			continue
+		}
+		var posted []*bufpool.Buffer
+		var pool *bufpool.Pool
+		ep, err := req.Accept(ctx, append(l.o.endpointOptions(), cm.WithSetup(postReceives(l.o, &posted, &pool)),
+			cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))...)
+		if err != nil {
+			abandon(posted, pool)
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			l.o.logger.Debug().Err(err).Msg("msg: accept failed")
+			continue
+		}
+		c, err := newConn(ep, l.o, pool, peer)
+		if err != nil {
+			ep.Close()
+			for range ep.Completions() {
+			}
+			abandon(posted, pool)
+			return nil, err
+		}
+		return c, nil
+	}
+}
+
+// Done is closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err says why the connection ended (nil while it is up).
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// MaxInline is the largest payload sent in one message; larger ones go by
+// rendezvous.
+func (c *Conn) MaxInline() int { return c.maxInline }
+
+// signal wakes everything waiting on a change; c.mu is held.
+func (c *Conn) signal() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// fail ends the connection with err (the first error wins) and closes the
+// endpoint: posted work flushes back to run, which frees it.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	first := c.err == nil
+	if first {
+		c.err = err
+		close(c.done)
+		c.signal()
+	}
+	c.mu.Unlock()
+	if first {
+		c.o.logger.Debug().Err(err).Msg("msg: connection ends")
+		// Posted work flushes back to run. (Close does not wait for
+		// Completions to be read, so run itself may call it.)
+		c.ep.Close()
+	}
+}
+
+// Close ends the connection: pending Sends and Recvs return ErrClosed, and
+// everything is freed once messages already handed out are released.
+// Idempotent.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.fail(ErrClosed)
+		c.ep.Close()
+		<-c.loopDone
+		<-c.ctrlDone
+		// Messages nobody took: give their memory back.
+		for {
+			select {
+			case m := <-c.inbox:
+				m.Release()
+				continue
+			default:
+			}
+			break
+		}
+		c.mu.Lock()
+		for id, p := range c.rvSend {
+			p.region.Close()
+			delete(c.rvSend, id)
+		}
+		c.mu.Unlock()
+		c.recvPool.Close()
+		c.sendPool.Close()
+	})
+	return nil
+}
+
+// repost gives a receive buffer back to the device and counts the credit.
+func (c *Conn) repost(b *bufpool.Buffer) {
+	if err := c.ep.PostRecv(nil, b); err != nil {
+		c.recvPool.Put(b) // the connection is over
+		return
+	}
+	c.grant()
+}
+
+func (c *Conn) grant() {
+	c.mu.Lock()
+	c.toGrant++
+	if c.toGrant >= c.grantAt {
+		c.signal() // the control goroutine may send a credit message
+	}
+	c.mu.Unlock()
+}
+
+// Send sends payload as one message, waiting for a credit and a buffer
+// (honouring ctx). Larger than MaxInline, it goes by rendezvous: Send
+// returns once the peer has read it.
+func (c *Conn) Send(ctx context.Context, payload []byte) error {
+	return c.send(ctx, TypeData, 0, payload)
+}
+
+// Recv returns the next message's payload, copied; the message is released.
+func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
+	m, err := c.RecvMessage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Release()
+	return append([]byte(nil), m.Payload...), nil
+}
+
+// RecvMessage returns the next message without copying it; Release it.
+// After the connection ended, messages that had arrived are still returned,
+// then its error.
+func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
+	select {
+	case m := <-c.inbox:
+		return m, nil
+	default:
+	}
+	select {
+	case m := <-c.inbox:
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.done:
+		select {
+		case m := <-c.inbox:
+			return m, nil
+		default:
+			return nil, c.Err()
+		}
+	}
+}
+
+// waitFor waits until ready (called with c.mu held) holds, or the
+// connection ends, or ctx does. It returns with c.mu held on success.
+func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
+	c.mu.Lock()
+	for {
+		if c.err != nil {
+			err := c.err
+			c.mu.Unlock()
+			return err
+		}
+		if ready() {
+			return nil
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+	}
+}
+
+// send sends one message of type typ; control messages (credit, done) go
+// through sendControl.
+func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) error {
+	if len(payload) > c.maxInline {
+		return c.sendRendezvous(ctx, typ, id, payload)
+	}
+	b, err := c.sendPool.Get(ctx)
+	if err != nil {
+		if errors.Is(err, bufpool.ErrClosed) {
+			return ErrClosed
+		}
+		return err
+	}
+	// One credit stays back for credit messages, so that two peers that
+	// both wait to send can always tell each other they may.
+	if err := c.waitFor(ctx, func() bool { return c.credits > 1 }); err != nil {
+		c.sendPool.Put(b)
+		return err
+	}
+	c.credits--
+	h := Header{Type: typ, ID: id, Length: uint32(len(payload)), Credits: uint32(c.toGrant)}
+	if typ == TypeRendezvous {
+		h.Flags = FlagRendezvous
+	}
+	c.toGrant = 0
+	c.mu.Unlock()
+	h.Encode(b.Bytes())
+	copy(b.Bytes()[HeaderSize:], payload)
+	return c.post(b, &h)
+}
+
+// post sends b; if the endpoint refuses, the credit and the grants it
+// carried are given back.
+func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
+	err := c.ep.PostSend(sendToken{}, b, HeaderSize+int(h.Length))
+	if err != nil {
+		c.sendPool.Put(b)
+		c.mu.Lock()
+		c.credits++
+		c.toGrant += int(h.Credits)
+		c.signal()
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// sendRendezvous puts payload in a region the peer may read and sends its
+// description; the region is freed when the peer says it has read it (or
+// the connection ends), even if ctx gives up first.
+func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload []byte) error {
+	if uint64(len(payload)) > 1<<32-1 {
+		return errorf("a %d-byte message is larger than 4 GiB", len(payload))
+	}
+	region, err := bufpool.NewRegion(c.ep.PD(), len(payload), bufpool.RemoteRead)
+	if err != nil {
+		return err
+	}
+	copy(region.Bytes(), payload)
+	p := &pendingRendezvous{region: region, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		region.Close()
+		return c.Err()
+	}
+	c.nextRV++
+	rv := c.nextRV
+	c.rvSend[rv] = p
+	c.mu.Unlock()
+
+	remote := region.Remote()
+	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: remote.Len}
+	var body [rendezvousInfoSize]byte
+	info.encode(body[:])
+	if err := c.send(ctx, TypeRendezvous, id, body[:]); err != nil {
+		c.mu.Lock()
+		if _, ok := c.rvSend[rv]; ok { // never offered: nobody will read it
+			delete(c.rvSend, rv)
+			region.Close()
+		}
+		c.mu.Unlock()
+		return err
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-c.done:
+		return c.Err()
+	case <-ctx.Done():
+		return ctx.Err() // the region stays until the peer is done with it
+	}
+}

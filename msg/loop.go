@@ -1,0 +1,165 @@
+package msg
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// run reads the endpoint's completions for as long as it has any: received
+// messages go to the inbox, credits to the count, send buffers back to their
+// pool, rendezvous reads start and finish here. It never blocks on the
+// application: the inbox holds as many messages as there are receives.
+func (c *Conn) run() {
+	defer close(c.loopDone)
+	for comp := range c.ep.Completions() {
+		switch comp.Op {
+		case endpoint.OpSend:
+			if _, ok := comp.Context.(sendToken); ok {
+				c.sendPool.Put(comp.Buffer)
+			}
+			if comp.Err != nil {
+				c.fail(fmt.Errorf("msg: send: %w", comp.Err))
+			}
+		case endpoint.OpRecv:
+			if comp.Err != nil {
+				c.recvPool.Put(comp.Buffer)
+				c.fail(c.endError(comp.Err))
+				continue
+			}
+			if err := c.received(comp.Buffer, comp.Len); err != nil {
+				c.recvPool.Put(comp.Buffer)
+				c.fail(err)
+			}
+		case endpoint.OpRead:
+			rr := comp.Context.(*rendezvousRead)
+			if comp.Err != nil {
+				rr.region.Close()
+				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
+				continue
+			}
+			c.inbox <- &Message{Type: rr.info.Type, ID: rr.hdr.ID, Payload: rr.region.Bytes(), c: c, region: rr.region}
+			c.mu.Lock()
+			c.dones = append(c.dones, rr.info.RVID)
+			c.signal()
+			c.mu.Unlock()
+		}
+	}
+	c.fail(c.endError(ErrClosed)) // the endpoint is gone (closed here, or the peer left)
+}
+
+// endError is why the connection ended when work was flushed: the
+// endpoint's reason (the peer disconnected, ...) if it has one.
+func (c *Conn) endError(err error) error {
+	if errors.Is(err, endpoint.ErrClosed) {
+		if epErr := c.ep.Err(); epErr != nil {
+			return epErr
+		}
+	}
+	return fmt.Errorf("msg: receive: %w", err)
+}
+
+// received handles one arrived message in receive buffer b.
+func (c *Conn) received(b *bufpool.Buffer, n int) error {
+	var h Header
+	if err := h.Decode(b.Bytes()[:n]); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if h.Credits > 0 {
+		c.credits += int(h.Credits)
+		c.signal()
+	}
+	c.mu.Unlock()
+	switch h.Type {
+	case TypeCredit:
+		c.repost(b)
+	case TypeRendezvousDone:
+		c.mu.Lock()
+		p, ok := c.rvSend[h.ID]
+		delete(c.rvSend, h.ID)
+		c.mu.Unlock()
+		c.repost(b)
+		if !ok {
+			return fmt.Errorf("%w: done for rendezvous %d, which is not pending", ErrMalformed, h.ID)
+		}
+		p.region.Close()
+		close(p.done)
+	case TypeRendezvous:
+		var info rendezvousInfo
+		if err := info.decode(b.Bytes()[HeaderSize:n]); err != nil {
+			return err
+		}
+		// The receive is free again at once, but its credit is withheld
+		// until the message is released: rendezvous messages count
+		// against the receive depth like the others.
+		if err := c.ep.PostRecv(nil, b); err != nil {
+			c.recvPool.Put(b)
+		}
+		region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
+		if err != nil {
+			return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
+		}
+		rr := &rendezvousRead{info: info, hdr: h, region: region}
+		err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
+		if err != nil {
+			region.Close()
+			return fmt.Errorf("msg: reading a rendezvous: %w", err)
+		}
+	default:
+		c.inbox <- &Message{Type: h.Type, ID: h.ID, Payload: b.Bytes()[HeaderSize:n], c: c, buf: b}
+	}
+	return nil
+}
+
+// controlLoop sends what the protocol itself owes the peer: rendezvous
+// confirmations, and credits when half the receives were reposted and no
+// message carried them. It may use the credit send keeps back.
+func (c *Conn) controlLoop() {
+	defer close(c.ctrlDone)
+	for {
+		c.mu.Lock()
+		for c.err == nil && len(c.dones) == 0 && c.toGrant < c.grantAt {
+			ch := c.changed
+			c.mu.Unlock()
+			<-ch
+			c.mu.Lock()
+		}
+		if c.err != nil {
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		b, err := c.sendPool.Get(contextUntil(c.done))
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		for c.err == nil && c.credits < 1 {
+			ch := c.changed
+			c.mu.Unlock()
+			<-ch
+			c.mu.Lock()
+		}
+		if c.err != nil {
+			c.mu.Unlock()
+			c.sendPool.Put(b)
+			return
+		}
+		h := Header{Type: TypeCredit}
+		if len(c.dones) > 0 {
+			h = Header{Type: TypeRendezvousDone, ID: c.dones[0]}
+			c.dones = c.dones[1:]
+		}
+		h.Credits = uint32(c.toGrant)
+		c.toGrant = 0
+		c.credits--
+		c.mu.Unlock()
+		h.Encode(b.Bytes())
+		if err := c.post(b, &h); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+			c.fail(fmt.Errorf("msg: sending %v: %w", h.Type, err))
+		}
+	}
+}

@@ -1,0 +1,270 @@
+package msg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Handler serves one call: method and request in, response or error out.
+// ctx ends when the connection does.
+type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
+
+// RemoteError is a handler's error, as the caller sees it.
+type RemoteError struct {
+	Method string
+	Msg    string
+}
+
+func (e *RemoteError) Error() string { return fmt.Sprintf("msg: %s: remote error: %s", e.Method, e.Msg) }
+
+// ErrShutdown is returned by Serve after Shutdown.
+var ErrShutdown = errors.New("msg: server shut down")
+
+// A request's payload: method length u8, method, then the caller's bytes.
+func encodeRequest(method string, req []byte) ([]byte, error) {
+	if len(method) == 0 || len(method) > 255 {
+		return nil, errorf("method name of %d bytes: 1 to 255", len(method))
+	}
+	b := make([]byte, 0, 1+len(method)+len(req))
+	b = append(b, byte(len(method)))
+	b = append(b, method...)
+	return append(b, req...), nil
+}
+
+func decodeRequest(p []byte) (string, []byte, error) {
+	if len(p) < 1 || len(p) < 1+int(p[0]) || p[0] == 0 {
+		return "", nil, fmt.Errorf("%w: request without a method", ErrMalformed)
+	}
+	return string(p[1 : 1+p[0]]), p[1+p[0]:], nil
+}
+
+// Client calls a Server over one Conn; many calls run at once, told apart
+// by request id. Safe for concurrent use.
+type Client struct {
+	c        *Conn
+	mu       sync.Mutex
+	nextID   uint64
+	pending  map[uint64]chan *Message
+	loopDone chan struct{}
+}
+
+// NewClient makes a Client that owns c.
+func NewClient(c *Conn) *Client {
+	cl := &Client{c: c, pending: map[uint64]chan *Message{}, loopDone: make(chan struct{})}
+	go cl.run()
+	return cl
+}
+
+// DialClient dials a Server at addr.
+func DialClient(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	c, err := Dial(ctx, addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return NewClient(c), nil
+}
+
+func (cl *Client) run() {
+	defer close(cl.loopDone)
+	ctx := contextUntil(cl.c.Done())
+	for {
+		m, err := cl.c.RecvMessage(ctx)
+		if err != nil {
+			return
+		}
+		if m.Type != TypeResponse && m.Type != TypeError {
+			cl.c.fail(fmt.Errorf("%w: a client received a %v message", ErrMalformed, m.Type))
+			m.Release()
+			return
+		}
+		cl.mu.Lock()
+		ch, ok := cl.pending[m.ID]
+		delete(cl.pending, m.ID)
+		cl.mu.Unlock()
+		if !ok { // the caller gave up
+			m.Release()
+			continue
+		}
+		ch <- m
+	}
+}
+
+// Call sends a request and waits for its response, until ctx ends (the
+// late response is then dropped). A handler's error is a *RemoteError.
+func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
+	payload, err := encodeRequest(method, req)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan *Message, 1)
+	cl.mu.Lock()
+	cl.nextID++
+	id := cl.nextID
+	cl.pending[id] = ch
+	cl.mu.Unlock()
+	forget := func() {
+		cl.mu.Lock()
+		delete(cl.pending, id)
+		cl.mu.Unlock()
+	}
+	if err := cl.c.send(ctx, TypeRequest, id, payload); err != nil {
+		forget()
+		return nil, err
+	}
+	select {
+	case m := <-ch:
+		defer m.Release()
+		if m.Type == TypeError {
+			return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
+		}
+		return append([]byte(nil), m.Payload...), nil
+	case <-ctx.Done():
+		forget()
+		return nil, ctx.Err()
+	case <-cl.c.Done():
+		forget()
+		select { // it may have arrived just before the end
+		case m := <-ch:
+			defer m.Release()
+			if m.Type == TypeError {
+				return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
+			}
+			return append([]byte(nil), m.Payload...), nil
+		default:
+		}
+		return nil, cl.c.Err()
+	}
+}
+
+// Close closes the connection; calls in flight return errors.
+func (cl *Client) Close() error {
+	err := cl.c.Close()
+	<-cl.loopDone
+	return err
+}
+
+// Server serves calls with a Handler on every connection a Listener accepts.
+type Server struct {
+	h Handler
+
+	mu       sync.Mutex
+	l        *Listener
+	conns    map[*Conn]struct{}
+	shutdown bool
+	calls    sync.WaitGroup // handlers running
+	connWG   sync.WaitGroup // connection goroutines
+}
+
+// NewServer makes a Server that answers with h.
+func NewServer(h Handler) *Server {
+	return &Server{h: h, conns: map[*Conn]struct{}{}}
+}
+
+// Serve accepts connections on l and serves them until Shutdown (then it
+// returns ErrShutdown) or l fails. Serve owns l.
+func (s *Server) Serve(ctx context.Context, l *Listener) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		l.Close()
+		return ErrShutdown
+	}
+	s.l = l
+	s.mu.Unlock()
+	for {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			s.mu.Lock()
+			down := s.shutdown
+			s.mu.Unlock()
+			if down {
+				return ErrShutdown
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.shutdown {
+			s.mu.Unlock()
+			c.Close()
+			return ErrShutdown
+		}
+		s.conns[c] = struct{}{}
+		s.connWG.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+func (s *Server) serveConn(c *Conn) {
+	defer s.connWG.Done()
+	ctx := contextUntil(c.Done())
+	for {
+		m, err := c.RecvMessage(ctx)
+		if err != nil {
+			break
+		}
+		if m.Type != TypeRequest {
+			m.Release()
+			c.fail(fmt.Errorf("%w: a server received a %v message", ErrMalformed, m.Type))
+			break
+		}
+		method, req, err := decodeRequest(m.Payload)
+		if err != nil {
+			m.Release()
+			c.fail(err)
+			break
+		}
+		req = append([]byte(nil), req...)
+		id := m.ID
+		m.Release() // the request is copied: the credit goes back now
+		s.calls.Add(1)
+		go func() {
+			defer s.calls.Done()
+			resp, herr := s.h(ctx, method, req)
+			typ := TypeResponse
+			if herr != nil {
+				typ, resp = TypeError, []byte(herr.Error())
+			}
+			c.send(ctx, typ, id, resp) // fails only when the connection has ended
+		}()
+	}
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+// Shutdown stops accepting, lets the calls in flight finish (until ctx
+// ends), then closes every connection. Calls arriving meanwhile are still
+// served. It returns ctx's error if calls were cut short.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.shutdown = true
+	l := s.l
+	s.mu.Unlock()
+	if l != nil {
+		l.Close()
+	}
+	finished := make(chan struct{})
+	go func() {
+		s.calls.Wait()
+		close(finished)
+	}()
+	var err error
+	select {
+	case <-finished:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.connWG.Wait()
+	<-finished // handlers see their ctx end with the connection
+	return err
+}
+
