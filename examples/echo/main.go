@@ -6,6 +6,15 @@
 //
 // The client sends -count messages of -size bytes one at a time, waits for
 // each echo, checks it byte for byte (-verify), and prints a latency summary.
+//
+// It speaks librdmacm's own example protocol (plain messages, no header), so
+// it works with rdma_client and rdma_server from rdmacm-utils:
+//
+//	echo -mode server -addr 10.0.0.1:7471 &  rdma_client -s 10.0.0.1 -p 7471
+//	rdma_server -p 7471 &  echo -mode client -addr 10.0.0.1:7471 -size 16 -count 1 -verify=false
+//
+// (rdma_server answers one 16-byte message with 16 bytes of its own, then
+// disconnects; hence -count 1 and -verify=false.)
 package main
 
 import (
@@ -53,7 +62,7 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, context.Canceled) { // SIGINT/SIGTERM is a clean stop
 		fmt.Fprintf(os.Stderr, "echo: %v\n", err)
 		os.Exit(1)
 	}
@@ -94,24 +103,29 @@ func serve(ctx context.Context, addr string, size int, ready chan<- net.Addr) er
 		if err != nil {
 			return err
 		}
-		if err := echoConn(ctx, ep, size); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+		// One connection at a time, as librdmacm's rdma_server does.
+		if err := echoConn(ctx, ep, size); err != nil && !errors.Is(err, endpoint.ErrClosed) && !errors.Is(err, context.Canceled) {
 			fmt.Fprintf(os.Stderr, "echo server: connection: %v\n", err)
 		}
 	}
 }
 
 func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
-	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
-	}()
 	const depth = 16
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
 	if err != nil {
+		ep.Close()
+		for range ep.Completions() {
+		}
 		return err
 	}
-	defer pool.Close()
+	defer func() { // close, take every buffer back, then free the pool
+		ep.Close()
+		for c := range ep.Completions() {
+			pool.Put(c.Buffer)
+		}
+		pool.Close()
+	}()
 	for range depth {
 		b, _ := pool.TryGet()
 		if err := ep.PostRecv(nil, b); err != nil {
@@ -123,9 +137,10 @@ func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-ep.Done():
-			return ep.Err()
+			return nil // the client left
 		case c := <-ep.Completions():
 			if c.Err != nil {
+				pool.Put(c.Buffer)
 				return c.Err
 			}
 			switch c.Op {
@@ -146,18 +161,23 @@ func client(ctx context.Context, addr string, size, count int, verify bool) erro
 	if err != nil {
 		return err
 	}
-	defer func() {
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(2))
+	if err != nil {
 		ep.Close()
 		for range ep.Completions() {
 		}
-	}()
-	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(2))
-	if err != nil {
 		return err
 	}
-	defer pool.Close()
 	send, _ := pool.TryGet()
 	recv, _ := pool.TryGet()
+	defer func() { // the QP first, so the device is done with the buffers
+		ep.Close()
+		for range ep.Completions() {
+		}
+		pool.Put(send)
+		pool.Put(recv)
+		pool.Close()
+	}()
 	rtts := make([]time.Duration, 0, count)
 	start := time.Now()
 	for i := range count {
@@ -194,7 +214,7 @@ func client(ctx context.Context, addr string, size, count int, verify bool) erro
 	elapsed := time.Since(start)
 	slices.Sort(rtts)
 	pct := func(p float64) time.Duration { return rtts[min(len(rtts)-1, int(p*float64(len(rtts))))] }
-	fmt.Printf("echo client: %d messages of %d B to %s in %v, all %s\n", count, size, addr, elapsed.Round(time.Millisecond), map[bool]string{true: "verified byte for byte", false: "unverified"}[verify])
+	fmt.Printf("echo client: %d messages of %d B to %s in %v, %s\n", count, size, addr, elapsed.Round(time.Millisecond), map[bool]string{true: "verified byte for byte", false: "not verified (-verify=false)"}[verify])
 	fmt.Printf("echo client: round trip p50 %v, p99 %v, max %v; %.0f round trips/s\n",
 		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), rtts[len(rtts)-1].Round(time.Microsecond),
 		float64(count)/elapsed.Seconds())

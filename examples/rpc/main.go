@@ -1,0 +1,231 @@
+// Command rpc is a small RPC service over this library's msg package, and a
+// load-generating client.
+//
+//	rpc -mode server -addr 10.0.0.1:7472
+//	rpc -mode client -addr 10.0.0.1:7472 -callers 32 -calls 500
+//	rpc -mode demo        # both in one process, on $RDMACM_TEST_ADDR
+//
+// Methods: echo (returns its request), sum (adds little-endian uint64s),
+// kv.put and kv.get (an in-memory key-value store), and blob.put (takes a
+// large upload, which travels by rendezvous, and returns its SHA-256).
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+func main() {
+	mode := flag.String("mode", "demo", "server, client, or demo (both, in one process)")
+	addr := flag.String("addr", "", "address to listen on or dial (default $RDMACM_TEST_ADDR:7472)")
+	callers := flag.Int("callers", 32, "concurrent callers")
+	calls := flag.Int("calls", 500, "calls per caller")
+	blob := flag.Int("blob", 8<<20, "bytes of the blob.put upload")
+	flag.Parse()
+	if *addr == "" {
+		host := os.Getenv("RDMACM_TEST_ADDR")
+		if host == "" {
+			fmt.Fprintln(os.Stderr, "rpc: give -addr, or run under bin/rxevm (which sets RDMACM_TEST_ADDR)")
+			os.Exit(2)
+		}
+		*addr = net.JoinHostPort(host, "7472")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch *mode {
+	case "server":
+		err = serve(ctx, *addr, nil)
+	case "client":
+		err = load(ctx, *addr, *callers, *calls, *blob)
+	case "demo":
+		err = demo(ctx, *addr, *callers, *calls, *blob)
+	default:
+		err = fmt.Errorf("unknown -mode %q", *mode)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, msg.ErrShutdown) {
+		fmt.Fprintf(os.Stderr, "rpc: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// store is the kv service's memory.
+type store struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *store) handle(ctx context.Context, method string, req []byte) ([]byte, error) {
+	switch method {
+	case "echo":
+		return req, nil
+	case "sum":
+		if len(req)%8 != 0 {
+			return nil, fmt.Errorf("sum takes little-endian uint64s, got %d bytes", len(req))
+		}
+		var total uint64
+		for i := 0; i < len(req); i += 8 {
+			total += binary.LittleEndian.Uint64(req[i:])
+		}
+		return binary.LittleEndian.AppendUint64(nil, total), nil
+	case "kv.put":
+		if len(req) < 1 || len(req) < 1+int(req[0]) {
+			return nil, errors.New("kv.put takes a key length byte, the key, then the value")
+		}
+		key, val := string(req[1:1+req[0]]), req[1+req[0]:]
+		s.mu.Lock()
+		s.m[key] = val
+		s.mu.Unlock()
+		return nil, nil
+	case "kv.get":
+		s.mu.Lock()
+		v, ok := s.m[string(req)]
+		s.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("no key %q", req)
+		}
+		return v, nil
+	case "blob.put":
+		sum := sha256.Sum256(req)
+		return sum[:], nil
+	}
+	return nil, fmt.Errorf("no method %q", method)
+}
+
+func serve(ctx context.Context, addr string, ready chan<- string) error {
+	l, err := msg.Listen(ctx, addr)
+	if err != nil {
+		return err
+	}
+	st := &store{m: map[string][]byte{}}
+	srv := msg.NewServer(st.handle)
+	if ready != nil {
+		ready <- l.Addr()
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, l) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutCtx)
+	<-served
+	return err
+}
+
+func demo(ctx context.Context, addr string, callers, calls, blob int) error {
+	ctx, cancel := context.WithCancel(ctx)
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, addr, ready) }()
+	select {
+	case a := <-ready:
+		fmt.Printf("rpc server listening on %s\n", a)
+	case err := <-served:
+		cancel()
+		return err
+	}
+	err := load(ctx, addr, callers, calls, blob)
+	cancel()
+	if serr := <-served; serr != nil {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// load runs callers x calls echo/sum calls, checking every result, then the
+// kv and blob methods, and prints what happened.
+func load(ctx context.Context, addr string, callers, calls, blob int) error {
+	cl, err := msg.DialClient(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+
+	lat := make([][]time.Duration, callers)
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				a, b := uint64(c), uint64(i)
+				req := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, a), b)
+				t0 := time.Now()
+				resp, err := cl.Call(ctx, "sum", req)
+				lat[c] = append(lat[c], time.Since(t0))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if got := binary.LittleEndian.Uint64(resp); got != a+b {
+					errs <- fmt.Errorf("sum(%d, %d) = %d", a, b, got)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) time.Duration {
+		return all[min(len(all)-1, int(p*float64(len(all))))].Round(time.Microsecond)
+	}
+	fmt.Printf("rpc client: %d callers x %d sum calls, every result checked: %.0f calls/s\n",
+		callers, calls, float64(len(all))/elapsed.Seconds())
+	fmt.Printf("rpc client: latency p50 %v, p99 %v, p99.9 %v\n", pct(0.50), pct(0.99), pct(0.999))
+
+	if _, err := cl.Call(ctx, "kv.put", append([]byte{5}, "hello world"...)); err != nil {
+		return err
+	}
+	v, err := cl.Call(ctx, "kv.get", []byte("hello"))
+	if err != nil || string(v) != " world" {
+		return fmt.Errorf("kv.get(hello) = %q, %v", v, err)
+	}
+	if _, err := cl.Call(ctx, "kv.get", []byte("absent")); err == nil {
+		return errors.New("kv.get of a missing key succeeded")
+	} else {
+		fmt.Printf("rpc client: kv.put/kv.get round trip ok; a missing key gives: %v\n", err)
+	}
+
+	data := make([]byte, blob)
+	for i := range data {
+		data[i] = byte(i * 31)
+	}
+	t0 := time.Now()
+	sum, err := cl.Call(ctx, "blob.put", data)
+	if err != nil {
+		return err
+	}
+	want := sha256.Sum256(data)
+	if string(sum) != string(want[:]) {
+		return errors.New("blob.put: the server's SHA-256 differs")
+	}
+	d := time.Since(t0)
+	fmt.Printf("rpc client: blob.put of %d MiB by rendezvous in %v (%.1f MB/s), SHA-256 matches\n",
+		blob>>20, d.Round(time.Millisecond), float64(blob)/d.Seconds()/1e6)
+	return nil
+}
