@@ -38,10 +38,10 @@ test-rxe: build
 
 test: vet test-host test-rxe
 
-# The echo server and client over rxe0 (in the testbed guest when this host
-# has no RDMA device).
+# The echo server and client, then the RPC server and client, over rxe0 (in
+# the testbed guest when this host has no RDMA device).
 demo: build
-	$(RXEVM) $(CURDIR)/bin/echo -mode demo
+	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo'
 
 clean:
 	rm -rf bin
