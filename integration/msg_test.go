@@ -16,8 +16,8 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
-	"github.com/go-rdma/rdmacm/msg"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
 )
 
 // msgPair is a connected msg client and server conn.

@@ -22,13 +22,13 @@ type Type uint8
 
 // Message types.
 const (
-	TypeData     Type = iota + 1 // Conn.Send payload
-	TypeCredit                   // credits only, no payload
-	TypeRequest                  // Client call
-	TypeResponse                 // Server reply
-	TypeError                    // Server reply: the handler's error text
-	TypeRendezvous               // a large payload is waiting in a region: RendezvousInfo
-	TypeRendezvousDone           // the receiver has read the region; the sender may release it
+	TypeData           Type = iota + 1 // Conn.Send payload
+	TypeCredit                         // credits only, no payload
+	TypeRequest                        // Client call
+	TypeResponse                       // Server reply
+	TypeError                          // Server reply: the handler's error text
+	TypeRendezvous                     // a large payload is waiting in a region: RendezvousInfo
+	TypeRendezvousDone                 // the receiver has read the region; the sender may release it
 	typeLimit
 )
 

@@ -17,7 +17,9 @@ type RemoteError struct {
 	Msg    string
 }
 
-func (e *RemoteError) Error() string { return fmt.Sprintf("msg: %s: remote error: %s", e.Method, e.Msg) }
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("msg: %s: remote error: %s", e.Method, e.Msg)
+}
 
 // ErrShutdown is returned by Serve after Shutdown.
 var ErrShutdown = errors.New("msg: server shut down")
@@ -267,4 +269,3 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	<-finished // handlers see their ctx end with the connection
 	return err
 }
-
