@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -38,7 +39,8 @@ func main() {
 	mode := flag.String("mode", "demo", "server, client, or demo (both, in one process)")
 	addr := flag.String("addr", "", "address to listen on or dial (default $RDMACM_TEST_ADDR:7471)")
 	size := flag.Int("size", 64, "message size in bytes")
-	count := flag.Int("count", 1000, "messages the client sends")
+	count := flag.Int("count", 1000, "messages each client connection sends")
+	concurrency := flag.Int("concurrency", 1, "client connections running at once")
 	verify := flag.Bool("verify", true, "check every echoed byte")
 	flag.Parse()
 	if *addr == "" {
@@ -56,9 +58,9 @@ func main() {
 	case "server":
 		err = serve(ctx, *addr, *size, nil)
 	case "client":
-		err = client(ctx, *addr, *size, *count, *verify)
+		err = clients(ctx, *addr, *size, *count, *concurrency, *verify)
 	case "demo":
-		err = demo(ctx, *addr, *size, *count, *verify)
+		err = demo(ctx, *addr, *size, *count, *concurrency, *verify)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
@@ -68,7 +70,7 @@ func main() {
 	}
 }
 
-func demo(ctx context.Context, addr string, size, count int, verify bool) error {
+func demo(ctx context.Context, addr string, size, count, concurrency int, verify bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ready := make(chan net.Addr, 1)
@@ -80,7 +82,7 @@ func demo(ctx context.Context, addr string, size, count int, verify bool) error 
 	case err := <-served:
 		return err
 	}
-	err := client(ctx, addr, size, count, verify)
+	err := clients(ctx, addr, size, count, concurrency, verify)
 	cancel()
 	if serr := <-served; serr != nil && !errors.Is(serr, context.Canceled) {
 		err = errors.Join(err, serr)
@@ -98,15 +100,20 @@ func serve(ctx context.Context, addr string, size int, ready chan<- net.Addr) er
 	if ready != nil {
 		ready <- l.Addr()
 	}
+	var conns sync.WaitGroup
+	defer conns.Wait() // every connection ends with ctx
 	for {
 		ep, err := l.Accept(ctx)
 		if err != nil {
 			return err
 		}
-		// One connection at a time, as librdmacm's rdma_server does.
-		if err := echoConn(ctx, ep, size); err != nil && !errors.Is(err, endpoint.ErrClosed) && !errors.Is(err, context.Canceled) {
-			fmt.Fprintf(os.Stderr, "echo server: connection: %v\n", err)
-		}
+		conns.Add(1)
+		go func() {
+			defer conns.Done()
+			if err := echoConn(ctx, ep, size); err != nil && !errors.Is(err, endpoint.ErrClosed) && !errors.Is(err, context.Canceled) {
+				fmt.Fprintf(os.Stderr, "echo server: connection: %v\n", err)
+			}
+		}()
 	}
 }
 
@@ -156,17 +163,55 @@ func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
 	}
 }
 
-func client(ctx context.Context, addr string, size, count int, verify bool) error {
+// clients runs concurrency client connections at once and prints one
+// summary of all their round trips.
+func clients(ctx context.Context, addr string, size, count, concurrency int, verify bool) error {
+	rtts := make([][]time.Duration, concurrency)
+	errs := make([]error, concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rtts[i], errs[i] = client(ctx, addr, size, count, verify)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	all := slices.Concat(rtts...)
+	slices.Sort(all)
+	pct := func(p float64) time.Duration {
+		return all[min(len(all)-1, int(p*float64(len(all))))].Round(time.Microsecond)
+	}
+	checked := "verified byte for byte"
+	if !verify {
+		checked = "not verified (-verify=false)"
+	}
+	fmt.Printf("echo client: %d x %d messages of %d B to %s in %v, %s\n",
+		concurrency, count, size, addr, elapsed.Round(time.Millisecond), checked)
+	fmt.Printf("echo client: round trip p50 %v, p99 %v, max %v; %.0f round trips/s, %.2f MB/s each way\n",
+		pct(0.50), pct(0.99), all[len(all)-1].Round(time.Microsecond),
+		float64(len(all))/elapsed.Seconds(), float64(len(all)*size)/elapsed.Seconds()/1e6)
+	return nil
+}
+
+// client sends count messages one at a time on one connection, waiting for
+// each echo, and returns the round-trip times.
+func client(ctx context.Context, addr string, size, count int, verify bool) ([]time.Duration, error) {
 	ep, err := cm.Dial(ctx, addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(2))
 	if err != nil {
 		ep.Close()
 		for range ep.Completions() {
 		}
-		return err
+		return nil, err
 	}
 	send, _ := pool.TryGet()
 	recv, _ := pool.TryGet()
@@ -179,44 +224,36 @@ func client(ctx context.Context, addr string, size, count int, verify bool) erro
 		pool.Close()
 	}()
 	rtts := make([]time.Duration, 0, count)
-	start := time.Now()
 	for i := range count {
 		for j := range send.Bytes() {
 			send.Bytes()[j] = byte(i + j)
 		}
 		if err := ep.PostRecv(nil, recv); err != nil {
-			return err
+			return nil, err
 		}
 		t0 := time.Now()
 		if err := ep.PostSend(nil, send, size); err != nil {
-			return err
+			return nil, err
 		}
 		for got := 0; got < 2; got++ {
 			select {
 			case c := <-ep.Completions():
 				if c.Err != nil {
-					return fmt.Errorf("message %d: %w", i, c.Err)
+					return nil, fmt.Errorf("message %d: %w", i, c.Err)
 				}
 				if c.Op == endpoint.OpRecv {
 					rtts = append(rtts, time.Since(t0))
 					if c.Len != size {
-						return fmt.Errorf("message %d: echo of %d bytes, sent %d", i, c.Len, size)
+						return nil, fmt.Errorf("message %d: echo of %d bytes, sent %d", i, c.Len, size)
 					}
 					if verify && string(recv.Bytes()[:size]) != string(send.Bytes()[:size]) {
-						return fmt.Errorf("message %d: echo differs from what was sent", i)
+						return nil, fmt.Errorf("message %d: echo differs from what was sent", i)
 					}
 				}
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 		}
 	}
-	elapsed := time.Since(start)
-	slices.Sort(rtts)
-	pct := func(p float64) time.Duration { return rtts[min(len(rtts)-1, int(p*float64(len(rtts))))] }
-	fmt.Printf("echo client: %d messages of %d B to %s in %v, %s\n", count, size, addr, elapsed.Round(time.Millisecond), map[bool]string{true: "verified byte for byte", false: "not verified (-verify=false)"}[verify])
-	fmt.Printf("echo client: round trip p50 %v, p99 %v, max %v; %.0f round trips/s\n",
-		pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), rtts[len(rtts)-1].Round(time.Microsecond),
-		float64(count)/elapsed.Seconds())
-	return nil
+	return rtts, nil
 }
