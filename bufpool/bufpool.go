@@ -31,65 +31,53 @@ var (
 	ErrRange         = errors.New("bufpool: range outside the buffer")
 )
 
-// PD is a protection domain: memory and queue pairs meet only within one.
-// Get it from an endpoint (endpoint.Endpoint.PD). The library uses one PD
-// per device for every endpoint, pool and region on it, so one pool serves
-// all the endpoints of a device. The PD is reference counted: it is freed
-// when the last endpoint, pool and region using it are closed, in any order.
+// PD is a protection domain: memory and queue pairs meet only within one,
+// so a peer can reach only the regions registered in its connection's PD.
+// Every connection gets a PD of its own unless it is asked to share one
+// (cm.WithPD, and a listener's shared receive queue): pools and regions are
+// then per connection, and a peer with a guessed rkey still cannot reach
+// another connection's memory. Get it from an endpoint (Endpoint.PD).
+//
+// A PD is reference counted: it is freed when the last endpoint, pool,
+// region and shared receive queue using it are closed, in any order.
 type PD struct {
-	pd   *verbs.PD
-	key  uintptr // the device context it belongs to
-	refs int     // guarded by pds.mu
+	pd  *verbs.PD
+	dev uintptr // the device context it belongs to
+
+	mu   sync.Mutex
+	refs int
 }
 
-// pds holds the PD of each open device context.
-var pds struct {
-	mu sync.Mutex
-	m  map[uintptr]*PD
-}
-
-// AcquirePD returns the library's PD on the device, allocating it on first
-// use, with one more reference; Release drops it. For packages endpoint and
-// cm.
-func AcquirePD(dev *verbs.Context) (*PD, error) {
-	pds.mu.Lock()
-	defer pds.mu.Unlock()
-	if p, ok := pds.m[dev.Key()]; ok {
-		p.refs++
-		return p, nil
-	}
+// NewPD allocates a protection domain on the device with one reference,
+// for packages endpoint and cm.
+func NewPD(dev *verbs.Context) (*PD, error) {
 	vpd, err := dev.AllocPD()
 	if err != nil {
 		return nil, err
 	}
-	if pds.m == nil {
-		pds.m = map[uintptr]*PD{}
-	}
-	p := &PD{pd: vpd, key: dev.Key(), refs: 1}
-	pds.m[p.key] = p
-	return p, nil
+	return &PD{pd: vpd, dev: dev.Key(), refs: 1}, nil
 }
 
-func (p *PD) acquire() {
-	pds.mu.Lock()
+// Acquire takes one more reference, for packages endpoint and cm.
+func (p *PD) Acquire() {
+	p.mu.Lock()
 	p.refs++
-	pds.mu.Unlock()
+	p.mu.Unlock()
 }
 
 // Release drops one reference; the last frees the PD.
 func (p *PD) Release() error {
-	pds.mu.Lock()
-	defer pds.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.refs--
 	if p.refs > 0 {
 		return nil
 	}
-	delete(pds.m, p.key)
 	return p.pd.Dealloc()
 }
 
-// Same reports whether two PDs are the same protection domain.
-func (p *PD) Same(o *PD) bool { return p != nil && o != nil && p.pd == o.pd }
+// OnDevice reports whether the PD belongs to the device context dev.
+func (p *PD) OnDevice(dev *verbs.Context) bool { return p.dev == dev.Key() }
 
 // Verbs is the underlying PD, for package endpoint.
 func (p *PD) Verbs() *verbs.PD { return p.pd }
@@ -173,7 +161,7 @@ func New(pd *PD, opts ...Option) (*Pool, error) {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("bufpool: registering %d bytes: %w (a non-root user needs `ulimit -l unlimited`)", len(mem), err)
 	}
-	pd.acquire()
+	pd.Acquire()
 	p := &Pool{pd: pd, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
 		free: make(chan *Buffer, o.count), closing: make(chan struct{})}
 	for i := range p.bufs {

@@ -97,7 +97,7 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("bufpool: registering a %d-byte region: %w", size, err)
 	}
-	pd.acquire()
+	pd.Acquire()
 	r := &Region{pd: pd, mem: mem, mr: mr}
 	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey()}
 	return r, nil

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -83,7 +84,17 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 		if maxSGE <= 0 {
 			maxSGE = 1
 		}
-		if l.srq, err = endpoint.NewSRQ(dev, o.srqDepth, maxSGE); err != nil {
+		pd := o.ep.PD
+		if pd == nil {
+			pd, err = bufpool.NewPD(dev)
+		} else {
+			pd.Acquire()
+		}
+		if err == nil {
+			l.srq, err = endpoint.NewSRQ(pd, o.srqDepth, maxSGE)
+			pd.Release() // the SRQ holds its own reference
+		}
+		if err != nil {
 			id.DestroyEP()
 			ch.destroy()
 			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)

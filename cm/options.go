@@ -5,6 +5,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
 )
 
@@ -95,3 +96,8 @@ func WithRNRRetry(n int) Option { return func(o *options) { o.rnrRetryCount = n 
 // then does, Dial or Accept returns the error after closing the endpoint
 // and draining its completions: what f posted is no longer in use.
 func WithSetup(f func(*endpoint.Endpoint) error) Option { return func(o *options) { o.setup = f } }
+
+// WithPD makes the connection share pd (another endpoint's PD()), so that
+// pools and regions on it serve both. By default every connection has a
+// protection domain of its own, and its peer can reach nothing else.
+func WithPD(pd *bufpool.PD) Option { return func(o *options) { o.ep.PD = pd } }

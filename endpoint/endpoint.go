@@ -223,8 +223,20 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 			}
 		}
 	}()
-	if ep.pd, err = bufpool.AcquirePD(vctx); err != nil {
-		return err
+	switch shared := ep.cfg.PD; {
+	case ep.cfg.SRQ != nil:
+		shared = ep.cfg.SRQ.pd
+		fallthrough
+	case shared != nil:
+		if !shared.OnDevice(vctx) {
+			return fmt.Errorf("%w: the shared protection domain is on another device", ErrInvalid)
+		}
+		shared.Acquire()
+		ep.pd = shared
+	default:
+		if ep.pd, err = bufpool.NewPD(vctx); err != nil {
+			return err
+		}
 	}
 	undo = append(undo, func() { ep.pd.Release() })
 	if ep.ch, err = vctx.NewCompChannel(); err != nil {
@@ -245,9 +257,6 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		MaxSendWR: ep.cfg.SendDepth, MaxRecvWR: ep.cfg.RecvDepth,
 		MaxSendSGE: ep.cfg.MaxSGE, MaxRecvSGE: ep.cfg.MaxSGE, MaxInline: ep.cfg.MaxInline}
 	if srq := ep.cfg.SRQ; srq != nil {
-		if !srq.pd.Same(ep.pd) {
-			return fmt.Errorf("%w: the shared receive queue is on another device", ErrInvalid)
-		}
 		if err = srq.attach(); err != nil {
 			return err
 		}
@@ -262,8 +271,9 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 	return err
 }
 
-// PD is the protection domain of the endpoint's QP; pools and regions made
-// on it can be used with every endpoint on the same device.
+// PD is the protection domain of the endpoint's QP. Pools and regions made
+// on it serve this endpoint, and the endpoints that share its PD
+// (cm.WithPD); the peers of other endpoints cannot reach them.
 func (ep *Endpoint) PD() *bufpool.PD { return ep.pd }
 
 // Completions delivers one Completion per posted work request. After Close

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/go-rdma/rdmacm/bufpool"
 )
 
 // PollMode is how the completion goroutine waits for completions.
@@ -37,8 +39,11 @@ type Config struct {
 	CloseTimeout time.Duration
 	Logger       zerolog.Logger
 	// SRQ, if set, receives for this endpoint: PostRecv on the endpoint is
-	// refused, receives are posted to the SRQ.
+	// refused, receives are posted to the SRQ. The endpoint joins its PD.
 	SRQ *SRQ
+	// PD, if set, is shared with this endpoint (it takes a reference);
+	// otherwise the endpoint gets a protection domain of its own.
+	PD *bufpool.PD
 }
 
 func (c *Config) setDefaults() {

@@ -27,16 +27,13 @@ type SRQ struct {
 
 const srqBit = 1 << 33
 
-// NewSRQ creates a shared receive queue of depth receives on the device, for
-// package cm.
-func NewSRQ(dev *verbs.Context, depth, maxSGE int) (*SRQ, error) {
+// NewSRQ creates a shared receive queue of depth receives in pd (it takes a
+// reference), for package cm. Endpoints using it must be in the same PD.
+func NewSRQ(pd *bufpool.PD, depth, maxSGE int) (*SRQ, error) {
 	if depth <= 0 || maxSGE <= 0 {
 		return nil, fmt.Errorf("%w: shared receive queue depth %d, SGEs %d", ErrInvalid, depth, maxSGE)
 	}
-	pd, err := bufpool.AcquirePD(dev)
-	if err != nil {
-		return nil, err
-	}
+	pd.Acquire()
 	srq, err := pd.Verbs().NewSRQ(depth, maxSGE)
 	if err != nil {
 		pd.Release()

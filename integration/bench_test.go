@@ -59,12 +59,12 @@ func BenchmarkPostWrite64(b *testing.B) {
 	pool, err := bufpool.New(p.client.PD(), bufpool.Size(64), bufpool.Count(1))
 	require.NoError(b, err)
 	defer pool.Close()
-	region, err := bufpool.NewRegion(p.client.PD(), 4096, bufpool.RemoteWrite)
+	region, err := bufpool.NewRegion(p.server.PD(), 4096, bufpool.RemoteWrite)
 	require.NoError(b, err)
 	defer region.Close()
 	buf, _ := pool.Get(ctx)
 	defer pool.Put(buf)
-	remote := region.Remote() // loopback: the client writes its own region via the server's QP peer
+	remote := region.Remote() // in a real program it would travel in a message
 	inflight := 0
 	b.ReportAllocs()
 	for b.Loop() {
