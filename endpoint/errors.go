@@ -29,6 +29,7 @@ type WCStatus = verbs.WCStatus
 // Work-completion statuses worth matching on.
 const (
 	StatusLocalLength  = verbs.WCLocLenErr
+	StatusLocalQPOp    = verbs.WCLocQPOpErr
 	StatusLocalProt    = verbs.WCLocProtErr
 	StatusFlushed      = verbs.WCWRFlushErr
 	StatusRemoteAccess = verbs.WCRemAccessErr

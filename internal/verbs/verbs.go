@@ -57,6 +57,7 @@ type WCStatus uint32
 const (
 	WCSuccess        WCStatus = C.IBV_WC_SUCCESS
 	WCLocLenErr      WCStatus = C.IBV_WC_LOC_LEN_ERR
+	WCLocQPOpErr     WCStatus = C.IBV_WC_LOC_QP_OP_ERR
 	WCLocProtErr     WCStatus = C.IBV_WC_LOC_PROT_ERR
 	WCWRFlushErr     WCStatus = C.IBV_WC_WR_FLUSH_ERR
 	WCRemAccessErr   WCStatus = C.IBV_WC_REM_ACCESS_ERR

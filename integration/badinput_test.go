@@ -1,0 +1,225 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// TestBadRemoteAccess: a wrong rkey, a range past the end of a region, and
+// a read of a write-only region each fail with a remote access error on
+// that connection only; another connection keeps working.
+func TestBadRemoteAccess(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		access bufpool.Access
+		op     endpoint.Op
+		mangle func(bufpool.Remote) bufpool.Remote
+	}{
+		{"wrong rkey", bufpool.RemoteWrite, endpoint.OpWrite, func(r bufpool.Remote) bufpool.Remote { r.RKey ^= 0x5a5a00; return r }},
+		{"past the end", bufpool.RemoteWrite, endpoint.OpWrite, func(r bufpool.Remote) bufpool.Remote { r.Addr += uint64(r.Len) - 8; return r }},
+		{"read of a write-only region", bufpool.RemoteWrite, endpoint.OpRead, func(r bufpool.Remote) bufpool.Remote { return r }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t)
+			rxetest.CheckResources(t)
+			bad := connect(t, ctx)
+			good := connect(t, ctx)
+			_, remote := exchangeRegion(t, ctx, bad, 4096, tc.access)
+			remote = tc.mangle(remote)
+			pool := newPool(t, bad.client, 64, 1)
+			b, _ := pool.TryGet()
+			req := endpoint.Request{Op: tc.op, Context: "bad", Buffer: b, Length: 64, Remote: remote}
+			require.NoError(t, bad.client.PostBatch([]endpoint.Request{*req.Apply(endpoint.NoInline())}))
+			c := next(t, bad.client)
+			var ce *endpoint.CompletionError
+			require.ErrorAs(t, c.Err, &ce)
+			require.Equal(t, endpoint.StatusRemoteAccess, ce.Status, "got %v", c.Err)
+			t.Logf("%s: %v", tc.name, c.Err)
+			require.NoError(t, pool.Put(b))
+			// The failed QP is in the error state: that connection is over
+			// (RC semantics), the other one is not.
+			require.NoError(t, echoOnce(t, ctx, good))
+		})
+	}
+}
+
+// echoOnce sends one message on a pair and checks it arrives.
+func echoOnce(t *testing.T, ctx context.Context, p *pair) error {
+	t.Helper()
+	spool := newPool(t, p.server, 64, 1)
+	cpool := newPool(t, p.client, 64, 1)
+	rb, _ := spool.TryGet()
+	sb, _ := cpool.TryGet()
+	defer spool.Put(rb)
+	defer cpool.Put(sb)
+	if err := p.server.PostRecv("r", rb); err != nil {
+		return err
+	}
+	copy(sb.Bytes(), "alive")
+	if err := p.client.PostSend("s", sb, 5); err != nil {
+		return err
+	}
+	if c := next(t, p.client); c.Err != nil {
+		return c.Err
+	}
+	c := next(t, p.server)
+	if c.Err != nil {
+		return c.Err
+	}
+	if string(rb.Bytes()[:5]) != "alive" {
+		return errors.New("payload differs")
+	}
+	return nil
+}
+
+// TestMessageLargerThanReceive: the peer sends more than the posted buffer
+// holds; the receive fails with a local error. The IB spec names it a
+// local length error; Soft-RoCE (rxe) reports a local QP operation error.
+func TestMessageLargerThanReceive(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	spool := newPool(t, p.server, 64, 1)
+	cpool := newPool(t, p.client, 256, 1)
+	rb, _ := spool.TryGet()
+	require.NoError(t, p.server.PostRecv("small", rb))
+	sb, _ := cpool.TryGet()
+	require.NoError(t, p.client.PostSend("big", sb, 200))
+	c := next(t, p.server)
+	var ce *endpoint.CompletionError
+	require.ErrorAs(t, c.Err, &ce)
+	require.Contains(t, []endpoint.WCStatus{endpoint.StatusLocalLength, endpoint.StatusLocalQPOp}, ce.Status, "got %v", c.Err)
+	require.Same(t, rb, c.Buffer, "the buffer comes back with the error")
+	sc := next(t, p.client)
+	require.Error(t, sc.Err, "the sender learns the send failed")
+	t.Logf("receiver: %v; sender: %v", c.Err, sc.Err)
+	require.NoError(t, spool.Put(rb))
+	require.NoError(t, cpool.Put(sb))
+}
+
+// TestOversizedPostsAreRefused: requests the QP cannot take are refused
+// before anything is posted, and the endpoint works on.
+func TestOversizedPostsAreRefused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx, cm.WithMaxSGE(2))
+	pool := newPool(t, p.client, 64, 3)
+	b, _ := pool.TryGet()
+	segs := make([]bufpool.Segment, 3)
+	for i := range segs {
+		segs[i], _ = b.Segment(i*8, 8)
+	}
+	require.ErrorIs(t, p.client.PostSend("long", b, 65), endpoint.ErrInvalid)
+	require.ErrorIs(t, p.client.PostSendv("3 sges", segs), endpoint.ErrInvalid)
+	require.ErrorIs(t, p.client.PostWrite("past remote", b, 64, bufpool.Remote{Addr: 4096, RKey: 1, Len: 32}), endpoint.ErrInvalid)
+	_, err := b.Segment(60, 8)
+	require.ErrorIs(t, err, bufpool.ErrRange)
+	// A batch with one bad request posts nothing.
+	good := endpoint.Request{Op: endpoint.OpRecv, Context: "ok", Buffer: b, Length: 64}
+	bad := endpoint.Request{Op: endpoint.OpSend, Context: "bad", Buffer: b, Length: 100}
+	require.ErrorIs(t, p.client.PostBatch([]endpoint.Request{good, bad}), endpoint.ErrInvalid)
+	require.NoError(t, pool.Put(b))
+	require.NoError(t, echoOnce(t, ctx, p))
+}
+
+// TestFuzzCorpusOverTheWire replays the msg decoder's fuzz corpus, each
+// input as one message on a fresh raw connection to a msg listener: each
+// malformed one ends its own connection with ErrMalformed; a well-formed
+// one is delivered; the listener serves a good client afterwards.
+func TestFuzzCorpusOverTheWire(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	corpus := readFuzzCorpus(t, "../msg/testdata/fuzz/FuzzDecode")
+	require.NotEmpty(t, corpus)
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	malformed := 0
+	for _, input := range corpus {
+		if len(input) == 0 || len(input) > 4096 {
+			continue // a receive of 0 bytes carries nothing to decode; >4096 cannot be one message
+		}
+		accepted := make(chan *msg.Conn, 1)
+		go func() {
+			c, _ := l.Accept(ctx)
+			accepted <- c
+		}()
+		raw, err := cm.Dial(ctx, l.Addr(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
+		require.NoError(t, err)
+		srv := <-accepted
+		require.NotNil(t, srv)
+		pool, err := bufpool.New(raw.PD(), bufpool.Size(4096), bufpool.Count(1))
+		require.NoError(t, err)
+		b, _ := pool.TryGet()
+		copy(b.Bytes(), input)
+		require.NoError(t, raw.PostSend(nil, b, len(input)))
+		require.NoError(t, next(t, raw).Err)
+		var h msg.Header
+		if decodeErr := h.Decode(input); decodeErr != nil {
+			_, err := srv.Recv(ctx)
+			require.ErrorIs(t, err, msg.ErrMalformed, "input %x", input)
+			malformed++
+		} else if h.Type == msg.TypeData {
+			_, err := srv.Recv(ctx)
+			require.NoError(t, err)
+		}
+		srv.Close()
+		closeAndDrain(t, raw)
+		require.NoError(t, pool.Put(b))
+		require.NoError(t, pool.Close())
+	}
+	t.Logf("%d corpus inputs replayed, %d malformed ones each closed their connection", len(corpus), malformed)
+	require.Positive(t, malformed)
+	require.NoError(t, func() error { // the listener still serves
+		accepted := make(chan *msg.Conn, 1)
+		go func() {
+			c, _ := l.Accept(ctx)
+			accepted <- c
+		}()
+		c, err := msg.Dial(ctx, l.Addr())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		srv := <-accepted
+		defer srv.Close()
+		if err := c.Send(ctx, []byte("fine")); err != nil {
+			return err
+		}
+		_, err = srv.Recv(ctx)
+		return err
+	}())
+}
+
+// readFuzzCorpus reads Go fuzz corpus files holding one []byte each.
+func readFuzzCorpus(t *testing.T, dir string) [][]byte {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*"))
+	require.NoError(t, err)
+	var out [][]byte
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		require.Equal(t, "go test fuzz v1", lines[0], f)
+		v := strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")")
+		s, err := strconv.Unquote(v)
+		require.NoError(t, err, f)
+		out = append(out, []byte(s))
+	}
+	return out
+}
