@@ -4,11 +4,17 @@
 package integration
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	// The crash tests re-run this binary as a client or server process
+	// that they kill with SIGKILL.
+	if role := os.Getenv(helperRoleEnv); role != "" {
+		os.Exit(runHelper(role))
+	}
 	goleak.VerifyTestMain(m)
 }

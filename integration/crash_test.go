@@ -1,0 +1,300 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+const (
+	helperRoleEnv = "RDMACM_TEST_HELPER"
+	helperArgsEnv = "RDMACM_TEST_HELPER_ARGS"
+	// crashBound is how long a survivor may take to notice its peer was
+	// killed. On one host the kernel tears the dead process's connections
+	// down at once (it sends the disconnect for it); see the README for
+	// the bound across a wire.
+	crashBound = 5 * time.Second
+)
+
+// runHelper is the process the crash tests kill. It never returns on its own.
+func runHelper(role string) int {
+	args := strings.Fields(os.Getenv(helperArgsEnv))
+	ctx := context.Background()
+	var err error
+	switch role {
+	case "client":
+		err = helperClient(ctx, args[0], args[1], args[2])
+	case "server":
+		err = helperServer(ctx, args[0])
+	default:
+		err = fmt.Errorf("unknown helper role %q", role)
+	}
+	fmt.Fprintln(os.Stderr, "helper:", err)
+	return 1
+}
+
+// helperClient streams RPCs, large messages (rendezvous) and RDMA writes
+// until it is killed.
+func helperClient(ctx context.Context, rpcAddr, dataAddr, writeAddr string) error {
+	cl, err := msg.DialClient(ctx, rpcAddr)
+	if err != nil {
+		return err
+	}
+	data, err := msg.Dial(ctx, dataAddr)
+	if err != nil {
+		return err
+	}
+	ep, err := cm.Dial(ctx, writeAddr)
+	if err != nil {
+		return err
+	}
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(2))
+	if err != nil {
+		return err
+	}
+	desc, _ := pool.TryGet()
+	if err := ep.PostRecv(nil, desc); err != nil {
+		return err
+	}
+	c := <-ep.Completions()
+	var remote bufpool.Remote
+	if c.Err != nil || remote.UnmarshalBinary(desc.Bytes()[:c.Len]) != nil {
+		return fmt.Errorf("no region descriptor: %v", c.Err)
+	}
+	fmt.Println("streaming")
+	errs := make(chan error, 6)
+	for g := range 4 {
+		go func() {
+			for i := 0; ; i++ {
+				if _, err := cl.Call(ctx, "echo", fmt.Appendf(nil, "%d-%d", g, i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		big := make([]byte, 64<<10)
+		for {
+			if err := data.Send(ctx, big); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	go func() {
+		wb, _ := pool.TryGet()
+		for i := uint64(1); ; i++ {
+			binary.LittleEndian.PutUint64(wb.Bytes(), i)
+			if err := ep.PostWrite(nil, wb, 8, remote); err != nil {
+				errs <- err
+				return
+			}
+			if c := <-ep.Completions(); c.Err != nil {
+				errs <- c.Err
+				return
+			}
+		}
+	}()
+	return <-errs
+}
+
+// helperServer serves RPCs until it is killed.
+func helperServer(ctx context.Context, addr string) error {
+	l, err := msg.Listen(ctx, addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	return msg.NewServer(rpcHandler).Serve(ctx, l)
+}
+
+// startHelper runs this test binary as a helper process and waits for its
+// first line on stdout.
+func startHelper(t *testing.T, role string, want string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperRoleEnv+"="+role, helperArgsEnv+"="+strings.Join(args, " "))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the helper said nothing")
+	require.Equal(t, want, strings.TrimSpace(line))
+	return cmd
+}
+
+// TestClientKilledMidStream: a client process streaming RPCs, rendezvous
+// messages and RDMA writes is killed with SIGKILL. The server notices on
+// every connection within crashBound, frees everything, and serves a new
+// client.
+func TestClientKilledMidStream(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	listen := func() *msg.Listener {
+		l, err := msg.Listen(ctx, net.JoinHostPort(host, "0"))
+		require.NoError(t, err)
+		return l
+	}
+	var calls atomic.Int64
+	srv := msg.NewServer(func(ctx context.Context, method string, req []byte) ([]byte, error) {
+		calls.Add(1)
+		return rpcHandler(ctx, method, req)
+	})
+	rpcL := listen()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, rpcL) }()
+	dataL := listen()
+	defer dataL.Close()
+	writeL, err := cm.Listen(ctx, net.JoinHostPort(host, "0"))
+	require.NoError(t, err)
+	defer writeL.Close()
+
+	var wg sync.WaitGroup
+	var dataMsgs atomic.Int64
+	dataReady := make(chan *msg.Conn, 1)
+	type writeSide struct {
+		ep     *endpoint.Endpoint
+		region *bufpool.Region
+	}
+	writeReady := make(chan writeSide, 1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		c, err := dataL.Accept(ctx)
+		if err != nil {
+			close(dataReady)
+			return
+		}
+		dataReady <- c
+		for {
+			if _, err := c.Recv(ctx); err != nil {
+				return
+			}
+			dataMsgs.Add(1)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		ep, err := writeL.Accept(ctx)
+		if err != nil {
+			close(writeReady)
+			return
+		}
+		region, _ := bufpool.NewRegion(ep.PD(), 4096, bufpool.RemoteWrite)
+		pool, _ := bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(1))
+		b, _ := pool.TryGet()
+		enc, _ := region.Remote().AppendBinary(b.Bytes()[:0])
+		ep.PostSend(nil, b, len(enc))
+		<-ep.Completions()
+		pool.Put(b)
+		pool.Close()
+		writeReady <- writeSide{ep, region}
+	}()
+	child := startHelper(t, "client", "streaming", rpcL.Addr(), dataL.Addr(), writeL.Addr().String())
+	dataConn := <-dataReady
+	ws := <-writeReady
+	require.NotNil(t, dataConn)
+	require.NotNil(t, ws.ep)
+	writeEP, region := ws.ep, ws.region
+	writes := func() uint64 { return binary.LittleEndian.Uint64(region.Bytes()) } // the helper's RDMA writes count up
+	require.Eventually(t, func() bool {
+		return calls.Load() > 100 && dataMsgs.Load() > 5 && writes() > 100
+	}, 30*time.Second, 10*time.Millisecond, "the stream never got going")
+	t.Logf("before the kill: %d calls, %d 64 KiB messages, %d writes", calls.Load(), dataMsgs.Load(), writes())
+
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	for name, done := range map[string]<-chan struct{}{"rendezvous conn": dataConn.Done(), "write endpoint": writeEP.Done()} {
+		select {
+		case <-done:
+			t.Logf("%s noticed after %v", name, time.Since(killed))
+		case <-time.After(crashBound):
+			t.Fatalf("%s did not notice the kill within %v", name, crashBound)
+		}
+	}
+	wg.Wait() // the data reader saw the end
+	require.True(t, errors.Is(dataConn.Err(), endpoint.ErrClosed), "data conn: %v", dataConn.Err())
+	dataConn.Close()
+	closeAndDrain(t, writeEP)
+	require.NoError(t, region.Close())
+
+	// The RPC server serves a new client.
+	cl, err := msg.DialClient(ctx, rpcL.Addr())
+	require.NoError(t, err)
+	resp, err := cl.Call(ctx, "echo", []byte("after the crash"))
+	require.NoError(t, err)
+	require.Equal(t, "after the crash", string(resp))
+	require.NoError(t, cl.Close())
+	shutdown, cancel := context.WithTimeout(ctx, crashBound)
+	defer cancel()
+	require.NoError(t, srv.Shutdown(shutdown), "the dead client's calls ended")
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
+// TestServerKilledUnderClient: a server process is killed while callers
+// are busy; every call returns an error within crashBound; none hangs.
+func TestServerKilledUnderClient(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	port := fmt.Sprint(21000 + os.Getpid()%10000)
+	addr := net.JoinHostPort(rxetest.Addr(t), port)
+	child := startHelper(t, "server", "listening", addr)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	defer cl.Close()
+	var ok atomic.Int64
+	var killed atomic.Pointer[time.Time]
+	results := make(chan time.Duration, 8)
+	for g := range 8 {
+		go func() {
+			for i := 0; ; i++ {
+				if _, err := cl.Call(ctx, "echo", fmt.Appendf(nil, "%d-%d", g, i)); err != nil {
+					results <- time.Since(*killed.Load())
+					return
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return ok.Load() > 200 }, 30*time.Second, 10*time.Millisecond)
+	now := time.Now()
+	killed.Store(&now)
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	for range 8 {
+		select {
+		case d := <-results:
+			require.Less(t, d, crashBound)
+		case <-time.After(crashBound + time.Second):
+			t.Fatal("a call still hangs after the server was killed")
+		}
+	}
+	t.Logf("%d calls before the kill; all 8 callers failed within %v", ok.Load(), time.Since(now))
+	_, err = cl.Call(ctx, "echo", nil)
+	require.Error(t, err, "later calls fail at once")
+}
