@@ -1,0 +1,174 @@
+package integration
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// loadMessage is conn id, sequence number, filler, and a CRC-32 of the rest.
+func loadMessage(b []byte, conn, seq int) {
+	binary.LittleEndian.PutUint32(b[0:], uint32(conn))
+	binary.LittleEndian.PutUint64(b[4:], uint64(seq))
+	for i := 12; i < len(b)-4; i++ {
+		b[i] = byte(conn*31 + seq*7 + i)
+	}
+	binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.ChecksumIEEE(b[:len(b)-4]))
+}
+
+func checkLoadMessage(b []byte, conn, seq int) error {
+	if len(b) < 16 {
+		return fmt.Errorf("conn %d: message %d has %d bytes", conn, seq, len(b))
+	}
+	if crc32.ChecksumIEEE(b[:len(b)-4]) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+		return fmt.Errorf("conn %d: message %d corrupted (checksum)", conn, seq)
+	}
+	if c, s := int(binary.LittleEndian.Uint32(b)), int(binary.LittleEndian.Uint64(b[4:])); c != conn || s != seq {
+		return fmt.Errorf("conn %d: expected message %d, got conn %d message %d (lost, duplicated or reordered)", conn, seq, c, s)
+	}
+	return nil
+}
+
+// TestLoad64Connections: 64 connections at once, 10,000 messages each,
+// every one checked for its sequence number and checksum.
+func TestLoad64Connections(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	rxetest.CheckResources(t)
+	const conns, msgs, size = 64, 10000, 64
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithRecvDepth(16), msg.WithBufferSize(256))
+	require.NoError(t, err)
+	defer l.Close()
+	errs := make(chan error, 2*conns)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conns {
+		wg.Add(1)
+		go func() { // server side: receive and check
+			defer wg.Done()
+			c, err := l.Accept(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			var id int
+			for seq := range msgs {
+				m, err := c.RecvMessage(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("receiving message %d: %w", seq, err)
+					return
+				}
+				if seq == 0 {
+					id = int(binary.LittleEndian.Uint32(m.Payload))
+				}
+				err = checkLoadMessage(m.Payload, id, seq)
+				m.Release()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			// Tell the client everything arrived, so it closes after.
+			errs <- c.Send(ctx, []byte("all received"))
+		}()
+	}
+	for i := range conns {
+		wg.Add(1)
+		go func() { // client side: send in order
+			defer wg.Done()
+			c, err := msg.Dial(ctx, l.Addr(), msg.WithRecvDepth(16), msg.WithBufferSize(256))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			b := make([]byte, size)
+			for seq := range msgs {
+				loadMessage(b, i, seq)
+				if err := c.Send(ctx, b); err != nil {
+					errs <- fmt.Errorf("conn %d: sending %d: %w", i, seq, err)
+					return
+				}
+			}
+			_, err = c.Recv(ctx)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d connections x %d messages of %d B, all in order and intact, in %v (%.0f messages/s)",
+		conns, msgs, size, elapsed.Round(time.Millisecond), float64(conns*msgs)/elapsed.Seconds())
+}
+
+// TestConnectCloseCycles: 1,000 connect/accept/close cycles leave no
+// growth in goroutines, file descriptors, heap or verbs resources.
+func TestConnectCloseCycles(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	cycle := func() {
+		got := make(chan error, 1)
+		go func() {
+			ep, err := l.Accept(ctx)
+			if err == nil {
+				ep.Close()
+				for range ep.Completions() {
+				}
+			}
+			got <- err
+		}()
+		ep, err := cm.Dial(ctx, l.Addr().String())
+		require.NoError(t, err)
+		require.NoError(t, ep.Close())
+		for range ep.Completions() {
+		}
+		require.NoError(t, <-got)
+	}
+	measure := func() (goroutines, fds int, heap uint64, res rxetest.Resources) {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		entries, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		// goroutines wind down asynchronously after Close returns
+		time.Sleep(50 * time.Millisecond)
+		return runtime.NumGoroutine(), len(entries), ms.HeapInuse, rxetest.CountResources(t)
+	}
+	for range 50 { // warm up: caches, pools, the first device context
+		cycle()
+	}
+	g0, f0, h0, r0 := measure()
+	start := time.Now()
+	for range 1000 {
+		cycle()
+	}
+	elapsed := time.Since(start)
+	g1, f1, h1, r1 := measure()
+	t.Logf("1000 cycles in %v; goroutines %d -> %d, fds %d -> %d, heap %d KiB -> %d KiB, verbs %v -> %v",
+		elapsed.Round(time.Millisecond), g0, g1, f0, f1, h0>>10, h1>>10, r0, r1)
+	require.Equal(t, g0, g1, "goroutines grew")
+	require.Equal(t, f0, f1, "file descriptors grew")
+	require.Equal(t, r0, r1, "verbs resources grew")
+	require.Less(t, int64(h1)-int64(h0), int64(2<<20), "heap grew by more than 2 MiB over 1000 cycles")
+}
