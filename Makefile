@@ -7,7 +7,7 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe demo clean
+.PHONY: all deps build vet test test-host test-rxe test-wire demo clean
 
 all: build
 
@@ -34,9 +34,14 @@ test-host: build
 # (-p 1: Soft-RoCE drops completions when many processes drive it at once).
 # A missing device fails these tests instead of skipping them.
 test-rxe: build
-	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) ./integration/...
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
 
-test: vet test-host test-rxe
+# Two guests joined by a UDP link, rxe0 on each one's eth0: the same test
+# binary runs in both (guest 0 serves, guest 1 dials and injects netem faults).
+test-wire: build
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -guests 2' ./integration/wire
+
+test: vet test-host test-rxe test-wire
 
 # The echo server and client, then the RPC server and client, over rxe0 (in
 # the testbed guest when this host has no RDMA device).

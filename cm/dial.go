@@ -85,6 +85,9 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	// From here on, ep.Close frees everything (QP, CQ, then c.close).
 	go c.run()
 	dev, err := id.Context().QueryDevice()
+	if err == nil && o.ackTimeout > 0 {
+		err = id.SetAckTimeout(uint8(o.ackTimeout))
+	}
 	if err == nil && o.setup != nil {
 		err = o.setup(ep)
 	}

@@ -230,6 +230,9 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 	c.owner = owner
 	go c.run()
 	dev, err := r.id.Context().QueryDevice()
+	if err == nil && o.ackTimeout > 0 {
+		err = r.id.SetAckTimeout(uint8(o.ackTimeout))
+	}
 	if err == nil && o.setup != nil {
 		err = o.setup(ep)
 	}

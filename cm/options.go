@@ -20,6 +20,7 @@ type options struct {
 	logger         zerolog.Logger
 	srqDepth       int
 	setup          func(*endpoint.Endpoint) error
+	ackTimeout     int // exponent; 0: the CM's default
 }
 
 func newOptions(opts []Option) options {
@@ -101,3 +102,10 @@ func WithSetup(f func(*endpoint.Endpoint) error) Option { return func(o *options
 // pools and regions on it serve both. By default every connection has a
 // protection domain of its own, and its peer can reach nothing else.
 func WithPD(pd *bufpool.PD) Option { return func(o *options) { o.ep.PD = pd } }
+
+// WithAckTimeout sets the QP's ack timeout to 4.096 µs * 2^exp (1-31).
+// With the retry count (7, the most) it bounds how long a peer that stopped
+// answering (crashed host, cut link) takes to fail the connection: about
+// 4.096 µs * 2^exp * 8, e.g. 0.5 s for exp 14, 8.6 s for 18. Only traffic
+// notices: an idle connection to a dead host stays up until it sends.
+func WithAckTimeout(exp int) Option { return func(o *options) { o.ackTimeout = exp } }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
@@ -14,6 +15,11 @@ import (
 // ErrClosed is returned after the connection ended. It matches
 // endpoint.ErrClosed and net.ErrClosed.
 var ErrClosed = endpoint.ErrClosed
+
+// ErrPeerSilent ends a connection whose peer sent nothing, not even a
+// keepalive, for longer than the keepalive timeout while it could have: the
+// peer or the link is gone. The connection's error matches it and ErrClosed.
+var ErrPeerSilent = errors.New("msg: the peer is silent")
 
 func errorf(format string, a ...any) error { return fmt.Errorf("msg: "+format, a...) }
 
@@ -61,6 +67,11 @@ type Conn struct {
 	err     error         // why the connection ended
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
+	// For keepalives: when this side last sent and heard, and how many
+	// credits it granted and messages it received in all (the peer's
+	// credits are recvDepth + granted - received).
+	lastSend, lastRecv     time.Time
+	granted, receivedTotal int
 
 	inbox     chan *Message
 	done      chan struct{}
@@ -93,6 +104,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
 		inbox: make(chan *Message, o.recvDepth), done: make(chan struct{}),
+		lastRecv: time.Now(), lastSend: time.Now(),
 		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
 	go c.run()
 	go c.controlLoop()
@@ -403,16 +415,25 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 		c.sendPool.Put(b)
 		return err
 	}
-	c.credits--
-	h := Header{Type: typ, ID: id, Length: uint32(len(payload)), Credits: uint32(c.toGrant)}
+	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}
 	if typ == TypeRendezvous {
 		h.Flags = FlagRendezvous
 	}
-	c.toGrant = 0
+	c.takeCreditLocked(&h)
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
 	copy(b.Bytes()[HeaderSize:], payload)
 	return c.post(b, &h)
+}
+
+// takeCreditLocked spends a credit on h and puts the credits owed to the
+// peer in it; c.mu is held.
+func (c *Conn) takeCreditLocked(h *Header) {
+	c.credits--
+	h.Credits = uint32(c.toGrant)
+	c.granted += c.toGrant
+	c.toGrant = 0
+	c.lastSend = time.Now()
 }
 
 // post sends b; if the endpoint refuses, the credit and the grants it
@@ -424,6 +445,7 @@ func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
 		c.mu.Lock()
 		c.credits++
 		c.toGrant += int(h.Credits)
+		c.granted -= int(h.Credits)
 		c.signal()
 		c.mu.Unlock()
 	}

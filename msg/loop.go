@@ -3,6 +3,7 @@ package msg
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -68,6 +69,8 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		return err
 	}
 	c.mu.Lock()
+	c.receivedTotal++
+	c.lastRecv = time.Now()
 	if h.Credits > 0 {
 		c.credits += int(h.Credits)
 		c.signal()
@@ -115,51 +118,74 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 }
 
 // controlLoop sends what the protocol itself owes the peer: rendezvous
-// confirmations, and credits when half the receives were reposted and no
-// message carried them. It may use the credit send keeps back.
+// confirmations, credits when half the receives were reposted and no
+// message carried them, and keepalives when nothing else was sent for an
+// interval. It may use the credit send keeps back. It also ends the
+// connection when the peer, able to send, has been silent too long.
 func (c *Conn) controlLoop() {
 	defer close(c.ctrlDone)
+	var tick <-chan time.Time
+	if c.o.keepalive > 0 {
+		t := time.NewTicker(c.o.keepalive / 2)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		c.mu.Lock()
-		for c.err == nil && len(c.dones) == 0 && c.toGrant < c.grantAt {
-			ch := c.changed
-			c.mu.Unlock()
-			<-ch
-			c.mu.Lock()
-		}
 		if c.err != nil {
 			c.mu.Unlock()
 			return
 		}
-		c.mu.Unlock()
-		b, err := c.sendPool.Get(contextUntil(c.done))
-		if err != nil {
+		if silent := c.checkSilence(time.Now()); silent != nil {
+			c.mu.Unlock()
+			c.fail(silent)
 			return
 		}
-		c.mu.Lock()
-		for c.err == nil && c.credits < 1 {
+		owed := len(c.dones) > 0 || c.toGrant >= c.grantAt ||
+			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
+		var b *bufpool.Buffer
+		if owed && c.credits >= 1 {
+			b, _ = c.sendPool.TryGet()
+		}
+		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
 			ch := c.changed
 			c.mu.Unlock()
-			<-ch
-			c.mu.Lock()
-		}
-		if c.err != nil {
-			c.mu.Unlock()
-			c.sendPool.Put(b)
-			return
+			select {
+			case <-ch:
+			case <-tick:
+			}
+			continue
 		}
 		h := Header{Type: TypeCredit}
 		if len(c.dones) > 0 {
 			h = Header{Type: TypeRendezvousDone, ID: c.dones[0]}
 			c.dones = c.dones[1:]
 		}
-		h.Credits = uint32(c.toGrant)
-		c.toGrant = 0
-		c.credits--
+		c.takeCreditLocked(&h)
 		c.mu.Unlock()
 		h.Encode(b.Bytes())
 		if err := c.post(b, &h); err != nil && !errors.Is(err, endpoint.ErrClosed) {
 			c.fail(fmt.Errorf("msg: sending %v: %w", h.Type, err))
 		}
 	}
+}
+
+// checkSilence is the keepalive rule; c.mu is held. The peer sends at
+// least every keepalive interval while it has a credit, so silence longer
+// than the timeout while it had one means the peer or the link is gone.
+// (While it has none, because this side holds its messages, silence is
+// this side's doing and does not count.)
+func (c *Conn) checkSilence(now time.Time) error {
+	if c.o.keepaliveTimeout <= 0 {
+		return nil
+	}
+	peerCredits := c.o.recvDepth + c.granted - c.receivedTotal
+	if peerCredits < 1 {
+		c.lastRecv = now
+		return nil
+	}
+	if d := now.Sub(c.lastRecv); d > c.o.keepaliveTimeout {
+		return fmt.Errorf("%w for %v: %w", ErrPeerSilent, d.Round(time.Millisecond), ErrClosed)
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 package msg
 
 import (
+	"time"
+
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/cm"
@@ -15,18 +17,25 @@ type options struct {
 	bufSize   int
 	cmOpts    []cm.Option
 	logger    zerolog.Logger
+
+	keepalive        time.Duration
+	keepaliveTimeout time.Duration
 }
 
 // Option configures Dial, Listen and Conn.
 type Option func(*options)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop()}
+	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
+		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second}
 	for _, f := range opts {
 		f(&o)
 	}
 	if o.recvDepth < minRecvDepth {
 		return o, errorf("receive depth %d: at least %d", o.recvDepth, minRecvDepth)
+	}
+	if o.keepalive > 0 && o.keepaliveTimeout > 0 && o.keepaliveTimeout < 2*o.keepalive {
+		return o, errorf("keepalive timeout %v: at least twice the interval %v", o.keepaliveTimeout, o.keepalive)
 	}
 	if o.bufSize < HeaderSize+rendezvousInfoSize {
 		return o, errorf("buffer size %d: at least %d", o.bufSize, HeaderSize+rendezvousInfoSize)
@@ -50,3 +59,13 @@ func WithCMOptions(opts ...cm.Option) Option {
 
 // WithLogger logs through l (silent by default).
 func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithKeepalive makes each side send a keepalive when it sent nothing for
+// interval, and end the connection with ErrPeerSilent when the peer, able
+// to send, sent nothing for timeout (default 2 s and 10 s; 0 turns either
+// off). Soft-RoCE does not fail a QP whose link is cut (its transport
+// retry timer never fires: librdmacm's rping hangs too), and an idle
+// connection never notices a dead peer at all; the keepalive does both.
+func WithKeepalive(interval, timeout time.Duration) Option {
+	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
+}

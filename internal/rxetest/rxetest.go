@@ -37,6 +37,22 @@ func Addr(t testing.TB) string {
 	return ""
 }
 
+// Peer is for tests across a wire, run with two testbed guests (rxevm
+// -guests 2): it returns this guest's address, the other guest's, whether
+// this one is the server (guest 0), and the netdev rxe0 is on.
+func Peer(t testing.TB) (self, peer string, server bool, netdev string) {
+	t.Helper()
+	peer = os.Getenv("RDMACM_TEST_PEER_ADDR")
+	if peer == "" {
+		const why = "no peer: wire tests run in two guests joined by a link (`bin/rxevm -guests 2`, as `make test` does)"
+		if os.Getenv("RDMACM_REQUIRE_DEVICE") != "" {
+			t.Fatal(why + " (RDMACM_REQUIRE_DEVICE is set, so this is a failure)")
+		}
+		t.Skip(why)
+	}
+	return Addr(t), peer, os.Getenv("RXEVM_GUEST") == "0", os.Getenv("RDMACM_TEST_NETDEV")
+}
+
 // Device is the RDMA device name tests run on, for logs.
 func Device() string {
 	if d := os.Getenv("RDMACM_TEST_DEVICE"); d != "" {

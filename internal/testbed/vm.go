@@ -47,6 +47,7 @@ const (
 	EnvAddr6    = "RDMACM_TEST_ADDR6"     // and its IPv6 address
 	EnvPeerAddr = "RDMACM_TEST_PEER_ADDR" // the other guest's address (pair mode)
 	EnvDevice   = "RDMACM_TEST_DEVICE"    // the RDMA device name, rxe0
+	EnvNetdev   = "RDMACM_TEST_NETDEV"    // the netdev under it: dummy0, or eth0 with two guests
 	EnvGuest    = "RXEVM_GUEST"           // this guest's index, 0 or 1
 )
 
@@ -219,7 +220,8 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		cfg.Addr6 = fmt.Sprintf("fd77:1::%d/64", i+1)
 		env = append(env, EnvPeerAddr+"="+fmt.Sprintf("10.77.1.%d", 2-i))
 	}
-	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0], EnvAddr6+"="+strings.Split(cfg.Addr6, "/")[0])
+	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0], EnvAddr6+"="+strings.Split(cfg.Addr6, "/")[0],
+		EnvNetdev+"="+cfg.NIC)
 	jobData, _ := json.Marshal(job{Argv: argv, Env: env, Dir: wd, StatusFile: g.status})
 	if err := os.WriteFile(cfg.Job, jobData, 0o644); err != nil {
 		return nil, err

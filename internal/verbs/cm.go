@@ -204,6 +204,17 @@ func (id *CMID) ResolveRoute(timeoutMs int) error {
 	return nil
 }
 
+// SetAckTimeout sets the QP's transport ack timeout to 4.096 µs * 2^exp
+// (RDMA_OPTION_ID_ACK_TIMEOUT); with the retry count it bounds how long a
+// silent peer takes to fail a send. Set it before connect or accept.
+func (id *CMID) SetAckTimeout(exp uint8) error {
+	v := C.uint8_t(exp)
+	if ret, err := C.rdma_set_option(id.p, C.RDMA_OPTION_ID, C.RDMA_OPTION_ID_ACK_TIMEOUT, unsafe.Pointer(&v), 1); ret != 0 {
+		return callError("rdma_set_option(ACK_TIMEOUT)", err)
+	}
+	return nil
+}
+
 // Listen starts listening for connect requests.
 func (id *CMID) Listen(backlog int) error {
 	if ret, err := C.rdma_listen(id.p, C.int(backlog)); ret != 0 {

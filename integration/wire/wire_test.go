@@ -1,0 +1,183 @@
+// Package wire tests connections across a real link: two testbed guests
+// joined by qemu's UDP socket netdev, each with rxe0 on its eth0, run this
+// test binary at once (`bin/rxevm -guests 2`). Guest 0 serves, guest 1
+// dials and puts netem faults on its own NIC.
+package wire
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"net"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A cut link is noticed by the msg keepalive (rxe's transport timeout
+// never fires; see msg.WithKeepalive): silence for keepaliveTimeout ends
+// the connection. cutBound leaves room for TCG.
+const (
+	ackTimeout       = 14 // 67 ms, for the devices that honour it
+	keepalive        = 250 * time.Millisecond
+	keepaliveTimeout = 2 * time.Second
+	cutBound         = 10 * time.Second
+)
+
+func opts() []msg.Option {
+	return []msg.Option{msg.WithCMOptions(cm.WithAckTimeout(ackTimeout)), msg.WithKeepalive(keepalive, keepaliveTimeout)}
+}
+
+// netem puts a netem qdisc on this guest's NIC until the test ends.
+func netem(t *testing.T, dev string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("tc", append([]string{"qdisc", "replace", "dev", dev, "root", "netem"}, args...)...).CombinedOutput()
+	require.NoError(t, err, "tc: %s", out)
+	t.Cleanup(func() { exec.Command("tc", "qdisc", "del", "dev", dev, "root").Run() })
+}
+
+// pair connects guest 1 to guest 0 on port; each side gets its end.
+func pair(t *testing.T, ctx context.Context, port int) *msg.Conn {
+	self, peer, server, _ := rxetest.Peer(t)
+	if server {
+		l, err := msg.Listen(ctx, net.JoinHostPort(self, fmt.Sprint(port)), opts()...)
+		require.NoError(t, err)
+		defer l.Close()
+		c, err := l.Accept(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// The server's guest may boot later, or still be in the last test.
+	for {
+		c, err := msg.Dial(ctx, net.JoinHostPort(peer, fmt.Sprint(port)), opts()...)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+			require.NoError(t, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func payload(seq, n int) []byte {
+	b := make([]byte, n)
+	binary.LittleEndian.PutUint64(b, uint64(seq))
+	for i := 8; i < n-4; i++ {
+		b[i] = byte(seq*13 + i)
+	}
+	binary.LittleEndian.PutUint32(b[n-4:], crc32.ChecksumIEEE(b[:n-4]))
+	return b
+}
+
+func check(b []byte, seq int) error {
+	if crc32.ChecksumIEEE(b[:len(b)-4]) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+		return fmt.Errorf("message %d corrupted", seq)
+	}
+	if got := int(binary.LittleEndian.Uint64(b)); got != seq {
+		return fmt.Errorf("expected message %d, got %d", seq, got)
+	}
+	return nil
+}
+
+// transfer: the client sends 256 messages of 4000 B and one of 1 MiB (by
+// rendezvous: an RDMA READ across the link); the server checks each one's
+// sequence number and checksum and answers when all arrived.
+func transfer(t *testing.T, port int, fault ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, _, server, dev := rxetest.Peer(t)
+	if !server && len(fault) > 0 {
+		netem(t, dev, fault...)
+	}
+	c := pair(t, ctx, port)
+	sizes := make([]int, 257)
+	for i := range 256 {
+		sizes[i] = 4000
+	}
+	sizes[256] = 1 << 20
+	if server {
+		for seq, n := range sizes {
+			got, err := c.Recv(ctx)
+			require.NoError(t, err, "message %d", seq)
+			require.Len(t, got, n)
+			require.NoError(t, check(got, seq))
+		}
+		require.NoError(t, c.Send(ctx, []byte("all intact")))
+		_, err := c.Recv(ctx) // the client's goodbye, or its close
+		_ = err
+		return
+	}
+	start := time.Now()
+	total := 0
+	for seq, n := range sizes {
+		require.NoError(t, c.Send(ctx, payload(seq, n)), "message %d", seq)
+		total += n
+	}
+	got, err := c.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "all intact", string(got))
+	d := time.Since(start)
+	t.Logf("netem %q: %d messages, %.1f MB in %v: %.2f MB/s, all intact", strings.Join(fault, " "),
+		len(sizes), float64(total)/1e6, d.Round(time.Millisecond), float64(total)/d.Seconds()/1e6)
+	require.NoError(t, c.Send(ctx, []byte("bye")))
+}
+
+func TestWireClean(t *testing.T)   { transfer(t, 7601) }
+func TestWireLoss1(t *testing.T)   { transfer(t, 7602, "loss", "1%") }
+func TestWireLoss5(t *testing.T)   { transfer(t, 7603, "loss", "5%") }
+func TestWireDelay10(t *testing.T) { transfer(t, 7604, "delay", "10ms") }
+
+// TestWireCut: the link is cut (netem loss 100%) and stays cut longer than
+// the transport timeout. Both sides, which keep sending, end the connection
+// with an error within cutBound.
+func TestWireCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, _, server, dev := rxetest.Peer(t)
+	c := pair(t, ctx, 7605)
+	// Exchange a message both ways, so each knows the other is up.
+	require.NoError(t, c.Send(ctx, []byte("hello")))
+	_, err := c.Recv(ctx)
+	require.NoError(t, err)
+	if !server {
+		netem(t, dev, "loss", "100%")
+	}
+	cut := time.Now()
+	go func() { // keep reading, so the peer's credits come back until the cut
+		for {
+			if _, err := c.Recv(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	for c.Err() == nil && time.Since(cut) < cutBound {
+		if err := c.Send(ctx, []byte("are you there")); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(cutBound - time.Since(cut)):
+	}
+	require.Error(t, c.Err(), "the connection must end when the link is cut")
+	require.ErrorIs(t, c.Err(), msg.ErrClosed)
+	t.Logf("server=%v: ended %v after the cut: %v", server, time.Since(cut).Round(time.Millisecond), c.Err())
+	require.Less(t, time.Since(cut), cutBound)
+}
