@@ -102,6 +102,7 @@ func transfer(t *testing.T, port int, fault ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, _, server, dev := rxetest.Peer(t)
+	rxetest.CheckResources(t)
 	if !server && len(fault) > 0 {
 		netem(t, dev, fault...)
 	}
@@ -150,6 +151,7 @@ func TestWireCut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, _, server, dev := rxetest.Peer(t)
+	rxetest.CheckResources(t)
 	c := pair(t, ctx, 7605)
 	// Exchange a message both ways, so each knows the other is up.
 	require.NoError(t, c.Send(ctx, []byte("hello")))
