@@ -1,0 +1,8 @@
+package main
+
+import (
+	"context"
+	"errors"
+)
+
+func runCompare(ctx context.Context, out string) error { return errors.New("not yet") }

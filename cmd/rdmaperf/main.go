@@ -1,0 +1,177 @@
+// Command rdmaperf measures this library the way perftest measures verbs:
+// bandwidth (send, write, read, write with immediate), latency (send,
+// write, read: typical and percentiles; send and write as half the round
+// trip, read as the whole, like ib_*_lat), and RPC calls/s.
+//
+//	rdmaperf -mode server -test send_bw -size 65536 -addr 10.0.0.1:18600 &
+//	rdmaperf -mode client -test send_bw -size 65536 -addr 10.0.0.1:18600
+//	rdmaperf -compare -out .   # perftest and rdmaperf in turn: a table, BENCHMARKS.md, bench.png
+//
+// Server and client take the same -test, -size, -iters and -depth, as
+// perftest's do. -sizes 2:1048576 sweeps powers of two in one connection
+// per size. -json prints one JSON object per result.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// config is one measurement's parameters, shared by server and client.
+type config struct {
+	test  string
+	size  int
+	iters int
+	depth int
+	poll  endpoint.PollMode
+	addr  string
+	// rpc
+	callers int
+}
+
+// result is one measurement.
+type result struct {
+	Test    string  `json:"test"`
+	Size    int     `json:"size"`
+	Iters   int     `json:"iters"`
+	Poll    string  `json:"poll,omitempty"`
+	BW      float64 `json:"bw_mib_s,omitempty"`    // MiB/s, as perftest's MB/sec
+	MsgRate float64 `json:"msg_rate_mpps,omitempty"` // million messages/s
+	Typical float64 `json:"t_typical_us,omitempty"`  // median
+	Avg     float64 `json:"t_avg_us,omitempty"`
+	P99     float64 `json:"t_p99_us,omitempty"`
+	P999    float64 `json:"t_p999_us,omitempty"`
+	Calls   float64 `json:"calls_s,omitempty"`
+}
+
+var pollNames = map[string]endpoint.PollMode{"event": endpoint.PollEvent, "busy": endpoint.PollBusy, "hybrid": endpoint.PollHybrid}
+
+func main() {
+	mode := flag.String("mode", "", "server or client")
+	compare := flag.Bool("compare", false, "run perftest and rdmaperf in turn (needs rxe0; run under bin/rxevm)")
+	out := flag.String("out", "", "with -compare: write BENCHMARKS.md and bench.png here")
+	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, rpc")
+	size := flag.Int("size", 65536, "message size in bytes")
+	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576), instead of -size")
+	iters := flag.Int("iters", 0, "iterations (default by size)")
+	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
+	poll := flag.String("poll", "event", "completion polling: event, busy or hybrid")
+	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")
+	callers := flag.Int("callers", 16, "rpc: concurrent callers")
+	asJSON := flag.Bool("json", false, "print JSON, one object per result")
+	flag.Parse()
+
+	if *addr == "" {
+		*addr = net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "18600")
+	}
+	pm, ok := pollNames[*poll]
+	if !ok {
+		fatalf("unknown -poll %q", *poll)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if *compare {
+		if err := runCompare(ctx, *out); err != nil {
+			fatalf("%v", err)
+		}
+		return
+	}
+	list := []int{*size}
+	if *sizes != "" {
+		list = sweep(*sizes)
+	}
+	for _, s := range list {
+		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, poll: pm, addr: *addr, callers: *callers}
+		if cfg.iters == 0 {
+			cfg.iters = defaultIters(cfg.test, s)
+		}
+		var err error
+		var r result
+		switch *mode {
+		case "server":
+			err = serve(ctx, cfg)
+		case "client":
+			r, err = runClient(ctx, cfg)
+			r.Poll = *poll
+		default:
+			fatalf("give -mode server or -mode client, or -compare")
+		}
+		if err != nil {
+			fatalf("%s %d B: %v", cfg.test, s, err)
+		}
+		if *mode == "client" {
+			if *asJSON {
+				json.NewEncoder(os.Stdout).Encode(r)
+			} else {
+				printResult(r)
+			}
+		}
+	}
+}
+
+func fatalf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "rdmaperf: "+format+"\n", a...)
+	os.Exit(1)
+}
+
+func sweep(spec string) []int {
+	lo, hi, ok := strings.Cut(spec, ":")
+	a, err1 := strconv.Atoi(lo)
+	b, err2 := strconv.Atoi(hi)
+	if !ok || err1 != nil || err2 != nil || a < 1 || b < a {
+		fatalf("-sizes %q: want MIN:MAX", spec)
+	}
+	var out []int
+	for s := a; s <= b; s *= 2 {
+		out = append(out, s)
+	}
+	return out
+}
+
+// defaultIters keeps each run to a few seconds under emulation.
+func defaultIters(test string, size int) int {
+	lat := strings.HasSuffix(test, "_lat")
+	switch {
+	case test == "rpc":
+		return 500
+	case size <= 4096 && lat:
+		return 2000
+	case size <= 4096:
+		return 20000
+	case size <= 65536 && lat:
+		return 300
+	case size <= 65536:
+		return 2000
+	case lat:
+		return 50
+	default:
+		return 200
+	}
+}
+
+func printResult(r result) {
+	if r.Calls > 0 {
+		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us\n",
+			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999)
+		return
+	}
+	if r.BW > 0 {
+		fmt.Printf("%-12s %8d B %8d iters  BW average %9.2f MiB/s  MsgRate %.6f Mpps\n", r.Test, r.Size, r.Iters, r.BW, r.MsgRate)
+		return
+	}
+	fmt.Printf("%-12s %8d B %8d iters  t_typical %8.2f us  t_avg %8.2f us  99%% %8.2f us  99.9%% %8.2f us (%s)\n",
+		r.Test, r.Size, r.Iters, r.Typical, r.Avg, r.P99, r.P999, r.Poll)
+}
+
+func since(t time.Time) float64 { return time.Since(t).Seconds() }

@@ -1,0 +1,459 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// serverRecvs is how many receives the server keeps posted (perftest's
+// default rx depth is 512).
+const serverRecvs = 512
+
+// peer is one side's connection plus the descriptor receive every test
+// posts before connecting, so the peer may send its region's Remote at once.
+type peer struct {
+	ep   *endpoint.Endpoint
+	desc *bufpool.Buffer
+	pool *bufpool.Pool
+}
+
+func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
+	sendDepth := c.depth + 1
+	if c.test == "write_lat" {
+		// Soft-RoCE asks for an ACK only every 128 packets
+		// (RXE_MAX_UNACKED_PSNS), so a write's completion can trail it by
+		// that many: leave room for them in flight.
+		sendDepth = max(sendDepth, 512)
+	}
+	return []cm.Option{
+		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, 50*time.Microsecond),
+		cm.WithSetup(func(ep *endpoint.Endpoint) error {
+			var err error
+			if p.pool, err = bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2)); err != nil {
+				return err
+			}
+			p.desc, _ = p.pool.TryGet()
+			return ep.PostRecv("desc", p.desc)
+		}),
+	}
+}
+
+// close ends the connection and frees the descriptor pool.
+func (p *peer) close() {
+	p.ep.Close()
+	for range p.ep.Completions() {
+	}
+	p.pool.Put(p.desc)
+	p.pool.Close()
+}
+
+// exchange sends mine (the zero Remote when this side exposes nothing) and
+// returns the peer's: both sides do it first, so that each descriptor
+// receive posted at setup is used before the test's own traffic.
+func (p *peer) exchange(mine bufpool.Remote) (bufpool.Remote, error) {
+	var theirs bufpool.Remote
+	b, _ := p.pool.TryGet()
+	defer p.pool.Put(b)
+	enc, _ := mine.AppendBinary(b.Bytes()[:0])
+	if err := p.ep.PostSend("desc-send", b, len(enc)); err != nil {
+		return theirs, err
+	}
+	sent, got := false, false
+	for c := range p.ep.Completions() {
+		if c.Err != nil {
+			return theirs, c.Err
+		}
+		switch c.Context {
+		case "desc-send":
+			sent = true
+		case "desc":
+			if err := theirs.UnmarshalBinary(p.desc.Bytes()[:c.Len]); err != nil {
+				return theirs, err
+			}
+			got = true
+		}
+		if sent && got {
+			return theirs, nil
+		}
+	}
+	return theirs, endpoint.ErrClosed
+}
+
+// testRegion is the region a side exposes for cfg.test, or nil.
+func testRegion(p *peer, cfg config, client bool) (*bufpool.Region, bufpool.Remote, error) {
+	need := cfg.test == "write_lat" ||
+		!client && (cfg.test == "write_bw" || cfg.test == "read_bw" || cfg.test == "read_lat" || cfg.test == "write_imm_bw")
+	if !need {
+		return nil, bufpool.Remote{}, nil
+	}
+	region, err := bufpool.NewRegion(p.ep.PD(), max(cfg.size, 8), bufpool.RemoteRead|bufpool.RemoteWrite)
+	if err != nil {
+		return nil, bufpool.Remote{}, err
+	}
+	return region, region.Remote(), nil
+}
+
+// serve accepts one connection and plays the passive side of cfg.test.
+func serve(ctx context.Context, cfg config) error {
+	if cfg.test == "rpc" {
+		return serveRPC(ctx, cfg)
+	}
+	l, err := cm.Listen(ctx, cfg.addr)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	fmt.Println("ready")
+	var p peer
+	p.ep, err = l.Accept(ctx, cfg.cmOptions(&p, serverRecvs+1)...)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	region, mine, err := testRegion(&p, cfg, false)
+	if err != nil {
+		return err
+	}
+	if region != nil {
+		defer region.Close()
+	}
+	theirs, err := p.exchange(mine)
+	if err != nil {
+		return err
+	}
+	switch cfg.test {
+	case "send_bw", "send_lat":
+		return serveReceives(&p, cfg.size, cfg.test == "send_lat")
+	case "write_imm_bw":
+		return serveReceives(&p, 64, false) // the receive only carries the immediate
+	case "write_bw", "read_bw", "read_lat":
+		<-p.ep.Done() // the client is done when it disconnects
+		return nil
+	case "write_lat":
+		return writeLatency(&p, cfg, false, region, theirs, nil)
+	}
+	return fmt.Errorf("unknown test %q", cfg.test)
+}
+
+// serveReceives keeps serverRecvs receives posted; with echo it answers
+// each message with one of the same size (send_lat).
+func serveReceives(p *peer, size int, echo bool) error {
+	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(serverRecvs+1))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var reply *bufpool.Buffer
+	if echo {
+		reply, _ = pool.TryGet()
+	}
+	for range serverRecvs {
+		b, _ := pool.TryGet()
+		if err := p.ep.PostRecv(nil, b); err != nil {
+			return err
+		}
+	}
+	for {
+		var c endpoint.Completion
+		select {
+		case c = <-p.ep.Completions():
+		case <-p.ep.Done(): // the client left; close drains the rest
+			if reply != nil {
+				pool.Put(reply)
+			}
+			return nil
+		}
+		if c.Op != endpoint.OpRecv && c.Op != endpoint.OpRecvWriteImm {
+			continue
+		}
+		if c.Err != nil {
+			pool.Put(c.Buffer)
+			continue // flushed at the end
+		}
+		if echo {
+			if err := p.ep.PostSend(nil, reply, c.Len); err != nil {
+				return err
+			}
+		}
+		if err := p.ep.PostRecv(nil, c.Buffer); err != nil {
+			pool.Put(c.Buffer)
+		}
+	}
+}
+
+// runClient connects and measures cfg.test.
+func runClient(ctx context.Context, cfg config) (result, error) {
+	if cfg.test == "rpc" {
+		return rpcClient(ctx, cfg)
+	}
+	var p peer
+	var err error
+	p.ep, err = cm.Dial(ctx, cfg.addr, cfg.cmOptions(&p, 2)...)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.close()
+	region, mine, err := testRegion(&p, cfg, true)
+	if err != nil {
+		return result{}, err
+	}
+	if region != nil {
+		defer region.Close()
+	}
+	remote, err := p.exchange(mine)
+	if err != nil {
+		return result{}, err
+	}
+	r := result{Test: cfg.test, Size: cfg.size, Iters: cfg.iters}
+	switch cfg.test {
+	case "send_bw", "write_bw", "read_bw", "write_imm_bw":
+		err = bandwidth(&p, cfg, remote, &r)
+	case "send_lat", "read_lat":
+		err = latency(&p, cfg, remote, &r)
+	case "write_lat":
+		err = writeLatency(&p, cfg, true, region, remote, &r)
+	default:
+		err = fmt.Errorf("unknown test %q", cfg.test)
+	}
+	return r, err
+}
+
+// bandwidth keeps cfg.depth work requests in flight, posting them in
+// batches of up to 16 in one call, all but the last of a batch unsignaled.
+func bandwidth(p *peer, cfg config, remote bufpool.Remote, r *result) error {
+	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(cfg.size), bufpool.Count(1))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	buf, _ := pool.TryGet()
+	defer pool.Put(buf)
+	op := map[string]endpoint.Op{"send_bw": endpoint.OpSend, "write_bw": endpoint.OpWrite,
+		"read_bw": endpoint.OpRead, "write_imm_bw": endpoint.OpWrite}[cfg.test]
+	batch := min(16, max(1, cfg.depth/2))
+	if op == endpoint.OpRead {
+		batch = min(batch, 8) // reads in flight are bounded by the initiator depth
+	}
+	reqs := make([]endpoint.Request, batch)
+	for i := range reqs {
+		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
+		if i < batch-1 {
+			reqs[i].Apply(endpoint.Unsignaled())
+		}
+		if cfg.test == "write_imm_bw" {
+			reqs[i].Apply(endpoint.WithImm(uint32(i)))
+		}
+	}
+	inflight, posted, done := 0, 0, 0
+	start := time.Now()
+	for done < cfg.iters {
+		for posted < cfg.iters && inflight+batch <= cfg.depth {
+			n := min(batch, cfg.iters-posted)
+			if err := p.ep.PostBatch(reqs[batch-n:]); err != nil {
+				if errors.Is(err, endpoint.ErrQueueFull) {
+					break
+				}
+				return err
+			}
+			posted += n
+			inflight += n
+		}
+		c := <-p.ep.Completions()
+		if c.Err != nil {
+			return c.Err
+		}
+		inflight--
+		done++
+	}
+	dt := since(start)
+	r.BW = float64(cfg.iters) * float64(cfg.size) / dt / (1 << 20)
+	r.MsgRate = float64(cfg.iters) / dt / 1e6
+	return nil
+}
+
+// latency: send_lat is a ping-pong (half the round trip, like
+// ib_send_lat); read_lat times each RDMA READ (the whole round trip).
+func latency(p *peer, cfg config, remote bufpool.Remote, r *result) error {
+	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(cfg.size), bufpool.Count(2))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sb, _ := pool.TryGet()
+	rb, _ := pool.TryGet()
+	defer pool.Put(sb)
+	defer pool.Put(rb)
+	times := make([]time.Duration, 0, cfg.iters)
+	for range cfg.iters {
+		t0 := time.Now()
+		if cfg.test == "read_lat" {
+			if err := p.ep.PostRead(nil, rb, cfg.size, remote); err != nil {
+				return err
+			}
+			if c := <-p.ep.Completions(); c.Err != nil {
+				return c.Err
+			}
+			times = append(times, time.Since(t0))
+			continue
+		}
+		if err := p.ep.PostRecv("pong", rb); err != nil {
+			return err
+		}
+		if err := p.ep.PostSend(nil, sb, cfg.size); err != nil {
+			return err
+		}
+		for got := 0; got < 2; got++ {
+			c := <-p.ep.Completions()
+			if c.Err != nil {
+				return c.Err
+			}
+		}
+		times = append(times, time.Since(t0)/2)
+	}
+	summarize(times, r)
+	return nil
+}
+
+// writeLatency is ib_write_lat's ping-pong: each side writes into the
+// other's region, and waits by watching its own region's last word change
+// (no completion is waited for on the path).
+func writeLatency(p *peer, cfg config, client bool, region *bufpool.Region, remote bufpool.Remote, r *result) error {
+	size := max(cfg.size, 8)
+	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(1))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	b, _ := pool.TryGet()
+	defer pool.Put(b)
+	word := (*uint64)(unsafe.Pointer(&region.Bytes()[(size-8)&^7]))
+	off := (size - 8) &^ 7
+	// Completions are drained aside: nothing on the timed path waits for one.
+	var drained sync.WaitGroup
+	drained.Add(1)
+	go func() {
+		defer drained.Done()
+		for range p.ep.Completions() {
+		}
+	}()
+	defer func() { p.ep.Close(); drained.Wait() }()
+	times := make([]time.Duration, 0, cfg.iters)
+	wait := func(want uint64) error {
+		for spins := 0; atomic.LoadUint64(word) != want; spins++ {
+			if spins%256 == 255 {
+				runtime.Gosched()
+				select {
+				case <-p.ep.Done():
+					return endpoint.ErrClosed
+				default:
+				}
+			}
+		}
+		return nil
+	}
+	for i := uint64(1); i <= uint64(cfg.iters); i++ {
+		t0 := time.Now()
+		if !client {
+			if err := wait(i); err != nil {
+				return err
+			}
+		}
+		binary.NativeEndian.PutUint64(b.Bytes()[off:], i)
+		if err := p.ep.PostWrite(nil, b, size, remote); err != nil {
+			return err
+		}
+		if client {
+			if err := wait(i); err != nil {
+				return err
+			}
+			times = append(times, time.Since(t0)/2)
+		}
+	}
+	if client {
+		summarize(times, r)
+	} else {
+		<-p.ep.Done()
+	}
+	return nil
+}
+
+func summarize(times []time.Duration, r *result) {
+	slices.Sort(times)
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	var sum time.Duration
+	for _, t := range times {
+		sum += t
+	}
+	at := func(p float64) time.Duration { return times[min(len(times)-1, int(p*float64(len(times))))] }
+	r.Typical, r.Avg, r.P99, r.P999 = us(at(0.5)), us(sum/time.Duration(len(times))), us(at(0.99)), us(at(0.999))
+}
+
+// serveRPC answers echo calls; rpcClient runs cfg.callers callers.
+func serveRPC(ctx context.Context, cfg config) error {
+	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, 50*time.Microsecond)))
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	s := msg.NewServer(func(_ context.Context, _ string, req []byte) ([]byte, error) { return req, nil })
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	s.Shutdown(context.Background())
+	<-done
+	return nil
+}
+
+func rpcClient(ctx context.Context, cfg config) (result, error) {
+	cl, err := msg.DialClient(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, 50*time.Microsecond)))
+	if err != nil {
+		return result{}, err
+	}
+	defer cl.Close()
+	req := make([]byte, cfg.size)
+	lat := make([][]time.Duration, cfg.callers)
+	errs := make(chan error, cfg.callers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range cfg.callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range cfg.iters {
+				t0 := time.Now()
+				if _, err := cl.Call(ctx, "echo", req); err != nil {
+					errs <- err
+					return
+				}
+				lat[c] = append(lat[c], time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	dt := since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return result{}, err
+	}
+	all := slices.Concat(lat...)
+	r := result{Test: "rpc", Size: cfg.size, Iters: len(all), Calls: float64(len(all)) / dt}
+	summarize(all, &r)
+	return r, nil
+}
