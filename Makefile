@@ -7,7 +7,7 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe test-wire demo clean
+.PHONY: all deps build vet test test-host test-rxe test-wire demo bench clean
 
 all: build
 
@@ -47,6 +47,13 @@ test: vet test-host test-rxe test-wire
 # the testbed guest when this host has no RDMA device).
 demo: build
 	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo'
+
+# perftest and rdmaperf in turn in one guest boot: a table on stdout,
+# BENCHMARKS.md and bench.png here; then the go benchmarks of the hot paths.
+bench: build
+	$(RXEVM) -w $(CURDIR) $(CURDIR)/bin/rdmaperf -compare -out $(CURDIR)
+	$(GO) test -run '^$$' -bench . -benchmem ./msg
+	$(GO) test -run '^$$' -bench . -benchmem -exec $(RXEVM) ./integration
 
 clean:
 	rm -rf bin

@@ -30,7 +30,7 @@ func (ep *Endpoint) pollLoop() {
 			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
 			ep.markClosing()
 		}
-		if n > 0 {
+		if n > 0 && ep.cfg.Poll == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
 			lastWork = time.Now()
 		}
 		closing, pending := ep.closingState()
@@ -56,7 +56,9 @@ func (ep *Endpoint) pollLoop() {
 			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
 		}
 		if n, _ := ep.drain(); n > 0 {
-			lastWork = time.Now()
+			if ep.cfg.Poll == PollHybrid {
+				lastWork = time.Now()
+			}
 			continue
 		}
 		if closing {

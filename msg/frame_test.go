@@ -69,3 +69,16 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkHeaderEncodeDecode(b *testing.B) {
+	buf := make([]byte, HeaderSize+64)
+	h := Header{Type: TypeData, Credits: 3, ID: 99, Length: 64}
+	var got Header
+	b.ReportAllocs()
+	for b.Loop() {
+		h.Encode(buf)
+		if err := got.Decode(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

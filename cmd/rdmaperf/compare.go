@@ -1,8 +1,206 @@
 package main
 
 import (
+	"bufio"
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
 )
 
-func runCompare(ctx context.Context, out string) error { return errors.New("not yet") }
+// A comparison row: one test at one size, perftest and rdmaperf in turn in
+// the same boot. For bandwidth the figure is MiB/s (perftest's MB/sec), for
+// latency t_typical in µs.
+type row struct {
+	Test     string
+	Size     int
+	Poll     string // ours: event, busy or hybrid
+	Perftest float64
+	Ours     float64
+	Lat      bool
+}
+
+func (r row) ratio() float64 {
+	if r.Perftest == 0 {
+		return 0
+	}
+	return r.Ours / r.Perftest
+}
+
+var (
+	compareSizes = []int{64, 4096, 65536, 1 << 20}
+	perftestTool = map[string]string{
+		"send_bw": "ib_send_bw", "write_bw": "ib_write_bw", "read_bw": "ib_read_bw",
+		"send_lat": "ib_send_lat", "write_lat": "ib_write_lat", "read_lat": "ib_read_lat",
+	}
+)
+
+// runCompare runs every test at every size, perftest first and then ours,
+// prints one table, and (with out) writes BENCHMARKS.md and bench.png.
+func runCompare(ctx context.Context, out string) error {
+	host := os.Getenv("RDMACM_TEST_ADDR")
+	if host == "" {
+		return fmt.Errorf("-compare runs on rxe0 in the testbed: bin/rxevm bin/rdmaperf -compare (or make bench)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	port := 18700
+	nextPort := func() int { port++; return port }
+	var rows []row
+	add := func(r row) {
+		rows = append(rows, r)
+		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f\n", r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio())
+	}
+	for _, test := range []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat"} {
+		lat := strings.HasSuffix(test, "_lat")
+		for _, size := range compareSizes {
+			iters := defaultIters(test, size)
+			var pt float64
+			if tool, ok := perftestTool[test]; ok {
+				if pt, err = runPerftest(ctx, tool, host, nextPort(), size, iters, lat); err != nil {
+					return fmt.Errorf("%s %d B: %w", tool, size, err)
+				}
+			}
+			polls := []string{"event"}
+			if lat {
+				polls = []string{"busy", "hybrid", "event"}
+			}
+			for _, poll := range polls {
+				r, err := runOurs(ctx, self, test, host, nextPort(), size, iters, poll)
+				if err != nil {
+					return fmt.Errorf("rdmaperf %s %d B %s: %w", test, size, poll, err)
+				}
+				v := r.BW
+				if lat {
+					v = r.Typical
+				}
+				add(row{Test: test, Size: size, Poll: poll, Perftest: pt, Ours: v, Lat: lat})
+			}
+		}
+	}
+	rpc, err := runOurs(ctx, self, "rpc", host, nextPort(), 64, 500, "event")
+	if err != nil {
+		return fmt.Errorf("rpc: %w", err)
+	}
+	fmt.Printf("rpc: %d callers x 500 calls of 64 B: %.0f calls/s, p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n",
+		16, rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
+	if out == "" {
+		return nil
+	}
+	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, rpc); err != nil {
+		return err
+	}
+	return writeChart(filepath.Join(out, "bench.png"), rows)
+}
+
+// runPerftest runs a perftest server in the background and its client, over
+// rdma_cm (-R), and returns BW average (MiB/s) or t_typical (µs).
+func runPerftest(ctx context.Context, tool, host string, port, size, iters int, lat bool) (float64, error) {
+	args := []string{"-R", "-d", "rxe0", "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-p", strconv.Itoa(port)}
+	srv := exec.CommandContext(ctx, tool, args...)
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	var outText string
+	for attempt := 0; attempt < 10; attempt++ {
+		time.Sleep(300 * time.Millisecond) // perftest says nothing when it listens
+		b, err := exec.CommandContext(ctx, tool, append(args, host)...).CombinedOutput()
+		outText = string(b)
+		if err == nil {
+			break
+		}
+	}
+	return parsePerftest(outText, lat)
+}
+
+// parsePerftest reads the result line under perftest's "#bytes" header.
+func parsePerftest(text string, lat bool) (float64, error) {
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, "#bytes") || i+1 >= len(lines) {
+			continue
+		}
+		f := strings.Fields(lines[i+1])
+		col := 3 // BW average[MB/sec]
+		if lat {
+			col = 4 // t_typical[usec]
+		}
+		if len(f) > col {
+			return strconv.ParseFloat(f[col], 64)
+		}
+	}
+	return 0, fmt.Errorf("no result in perftest's output:\n%s", text)
+}
+
+// runOurs runs rdmaperf's server (waiting for "ready") and client.
+func runOurs(ctx context.Context, self, test, host string, port, size, iters int, poll string) (result, error) {
+	addr := fmt.Sprintf("%s:%d", host, port)
+	common := []string{"-test", test, "-size", strconv.Itoa(size), "-iters", strconv.Itoa(iters), "-addr", addr, "-poll", poll}
+	srv := exec.CommandContext(ctx, self, append([]string{"-mode", "server"}, common...)...)
+	stdout, err := srv.StdoutPipe()
+	if err != nil {
+		return result{}, err
+	}
+	srv.Stderr = os.Stderr
+	if err := srv.Start(); err != nil {
+		return result{}, err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+		return result{}, fmt.Errorf("the server did not start: %q %v", line, err)
+	}
+	go io.Copy(io.Discard, stdout)
+	cl := exec.CommandContext(ctx, self, append([]string{"-mode", "client", "-json"}, common...)...)
+	cl.Stderr = os.Stderr
+	b, err := cl.Output()
+	if err != nil {
+		return result{}, err
+	}
+	var r result
+	return r, json.Unmarshal(b, &r)
+}
+
+func writeMarkdown(path string, rows []row, rpc result) error {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	cpu := "unknown"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`bin/rxevm -w . bin/rdmaperf -compare -out .`) on %s.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "Machine: %s, guest kernel %s, %d vCPUs (%s), Soft-RoCE rxe0 on dummy0 (loopback inside one guest). "+
+		"perftest and rdmaperf ran in turn in the same guest boot, each as a server and a client process over rdma_cm. "+
+		"Absolute figures under TCG emulation mean little; compare the ratios.\n\n",
+		host, strings.TrimSpace(string(kernel)), runtime.NumCPU(), cpu)
+	b.WriteString("Bandwidth is BW average in MiB/s (perftest's MB/sec; higher is better, ratio = ours / perftest). " +
+		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
+		"perftest busy-polls; ours is shown with each polling mode.\n\n")
+	b.WriteString("| test | size | ours polling | perftest | ours | ratio |\n| --- | ---: | --- | ---: | ---: | ---: |\n")
+	for _, r := range rows {
+		pt, ratio := fmt.Sprintf("%.2f", r.Perftest), fmt.Sprintf("%.2f", r.ratio())
+		if r.Perftest == 0 {
+			pt, ratio = "n/a", "n/a"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f | %s |\n", r.Test, r.Size, r.Poll, pt, r.Ours, ratio)
+	}
+	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
+		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

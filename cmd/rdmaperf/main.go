@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,7 +47,7 @@ type result struct {
 	Size    int     `json:"size"`
 	Iters   int     `json:"iters"`
 	Poll    string  `json:"poll,omitempty"`
-	BW      float64 `json:"bw_mib_s,omitempty"`    // MiB/s, as perftest's MB/sec
+	BW      float64 `json:"bw_mib_s,omitempty"`      // MiB/s, as perftest's MB/sec
 	MsgRate float64 `json:"msg_rate_mpps,omitempty"` // million messages/s
 	Typical float64 `json:"t_typical_us,omitempty"`  // median
 	Avg     float64 `json:"t_avg_us,omitempty"`
@@ -70,7 +71,16 @@ func main() {
 	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")
 	callers := flag.Int("callers", 16, "rpc: concurrent callers")
 	asJSON := flag.Bool("json", false, "print JSON, one object per result")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	if *addr == "" {
 		*addr = net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "18600")
@@ -120,6 +130,7 @@ func main() {
 	}
 }
 
+// fatalf reports and exits (a CPU profile in progress is lost).
 func fatalf(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "rdmaperf: "+format+"\n", a...)
 	os.Exit(1)

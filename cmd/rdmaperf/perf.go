@@ -148,48 +148,65 @@ func serve(ctx context.Context, cfg config) error {
 	return fmt.Errorf("unknown test %q", cfg.test)
 }
 
-// serveReceives keeps serverRecvs receives posted; with echo it answers
-// each message with one of the same size (send_lat).
+// serveReceives keeps serverRecvs receives posted. For bandwidth they all
+// point at one buffer, as perftest's do (the data is not looked at), and
+// are reposted in batches; with echo (send_lat) each has its own buffer
+// and every message is answered with one of the same size.
 func serveReceives(p *peer, size int, echo bool) error {
-	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(serverRecvs+1))
+	count := 1
+	if echo {
+		count = serverRecvs + 1
+	}
+	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(count))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	var reply *bufpool.Buffer
+	shared, _ := pool.TryGet()
 	if echo {
-		reply, _ = pool.TryGet()
+		reply = shared
 	}
+	repost := make([]endpoint.Request, 0, serverRecvs)
 	for range serverRecvs {
-		b, _ := pool.TryGet()
-		if err := p.ep.PostRecv(nil, b); err != nil {
-			return err
+		b := shared
+		if echo {
+			b, _ = pool.TryGet()
 		}
+		repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: b, Length: size})
+	}
+	if err := p.ep.PostBatch(repost); err != nil {
+		return err
 	}
 	for {
+		repost = repost[:0]
 		var c endpoint.Completion
 		select {
 		case c = <-p.ep.Completions():
 		case <-p.ep.Done(): // the client left; close drains the rest
-			if reply != nil {
-				pool.Put(reply)
-			}
 			return nil
 		}
-		if c.Op != endpoint.OpRecv && c.Op != endpoint.OpRecvWriteImm {
-			continue
-		}
-		if c.Err != nil {
-			pool.Put(c.Buffer)
-			continue // flushed at the end
-		}
-		if echo {
-			if err := p.ep.PostSend(nil, reply, c.Len); err != nil {
-				return err
+		for { // take what else is ready, to repost in one call
+			if c.Err == nil && (c.Op == endpoint.OpRecv || c.Op == endpoint.OpRecvWriteImm) {
+				if echo {
+					if err := p.ep.PostSend(nil, reply, c.Len); err != nil {
+						return err
+					}
+				}
+				repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: c.Buffer, Length: size})
 			}
+			if len(repost) == cap(repost) {
+				break
+			}
+			select {
+			case c = <-p.ep.Completions():
+				continue
+			default:
+			}
+			break
 		}
-		if err := p.ep.PostRecv(nil, c.Buffer); err != nil {
-			pool.Put(c.Buffer)
+		if err := p.ep.PostBatch(repost); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+			return err
 		}
 	}
 }
