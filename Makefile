@@ -51,7 +51,8 @@ demo: build
 # perftest and rdmaperf in turn in one guest boot: a table on stdout,
 # BENCHMARKS.md and bench.png here; then the go benchmarks of the hot paths.
 bench: build
-	$(RXEVM) -w $(CURDIR) $(CURDIR)/bin/rdmaperf -compare -out $(CURDIR)
+	RDMAPERF_HOST="$$(uname -n), $$(nproc) cores, $$(. /etc/os-release; echo $$PRETTY_NAME)" \
+	  $(RXEVM) -w $(CURDIR) $(CURDIR)/bin/rdmaperf -compare -out $(CURDIR)
 	$(GO) test -run '^$$' -bench . -benchmem ./msg
 	$(GO) test -run '^$$' -bench . -benchmem -exec $(RXEVM) ./integration
 
