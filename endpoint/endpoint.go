@@ -306,11 +306,6 @@ func (ep *Endpoint) setDone(cause error) {
 // MaxInline is the inline size the device granted.
 func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
 
-// Caps reports the queue pair's granted capacities.
-func (ep *Endpoint) Caps() (sendDepth, recvDepth, maxSGE, maxInline int) {
-	return ep.cfg.SendDepth, ep.cfg.RecvDepth, ep.cfg.MaxSGE, ep.caps.MaxInline
-}
-
 // Close disconnects, waits (at most Config.CloseTimeout) for the device to
 // hand back every posted work request, completes each pending context with
 // an error matching ErrClosed, and destroys the QP, CQ and channel, then the

@@ -168,9 +168,6 @@ func CreateEP(ai *AddrInfo) (*CMID, error) {
 // (rdma_destroy_ep).
 func (id *CMID) DestroyEP() { C.rdma_destroy_ep(id.p) }
 
-// Key identifies the id (its C address), for maps from ids to their owners.
-func (id *CMID) Key() uintptr { return uintptr(unsafe.Pointer(id.p)) }
-
 // Destroy destroys the id. Its QP must be destroyed and its events acked.
 func (id *CMID) Destroy() error {
 	if ret, err := C.rdma_destroy_id(id.p); ret != 0 {
@@ -375,6 +372,3 @@ func GetAddrInfo(host, port string, passive bool) (*AddrInfo, error) {
 
 // Free releases the list.
 func (ai *AddrInfo) Free() { C.rdma_freeaddrinfo(ai.p) }
-
-// Family is the address family of the first entry (AF_INET or AF_INET6).
-func (ai *AddrInfo) Family() int { return int(ai.p.ai_family) }

@@ -24,9 +24,6 @@ import (
 // Context is an opened RDMA device (ibv_context).
 type Context struct{ p *C.struct_ibv_context }
 
-// DeviceName is the device's name, e.g. "rxe0".
-func (c *Context) DeviceName() string { return C.GoString(C.ibv_get_device_name(c.p.device)) }
-
 // DeviceAttr is the subset of ibv_device_attr this library plans with.
 type DeviceAttr struct {
 	MaxQPWR         int // work requests per queue
@@ -75,9 +72,6 @@ func (pd *PD) Dealloc() error {
 	}
 	return nil
 }
-
-// Key identifies the PD (its C address), to tell whether two are the same.
-func (pd *PD) Key() uintptr { return uintptr(unsafe.Pointer(pd.p)) }
 
 // MR is a registered memory region.
 type MR struct{ p *C.struct_ibv_mr }
@@ -189,9 +183,6 @@ func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
 	wcs := (*C.struct_go_wc)(C.calloc(C.size_t(pollBatch), C.sizeof_struct_go_wc))
 	return &CQ{p: p, wcs: wcs, n: pollBatch}, nil
 }
-
-// Size is the number of entries the CQ really has (at least what was asked).
-func (cq *CQ) Size() int { return int(cq.p.cqe) }
 
 // ReqNotify arms the CQ: the next completion (or next solicited one) raises
 // an event on its channel.
@@ -315,11 +306,3 @@ func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
 
 // DestroyQP destroys the id's QP (rdma_destroy_qp).
 func (id *CMID) DestroyQP() { C.rdma_destroy_qp(id.p) }
-
-// QPNum is the id's QP number (0 without a QP).
-func (id *CMID) QPNum() uint32 {
-	if id.p.qp == nil {
-		return 0
-	}
-	return uint32(id.p.qp.qp_num)
-}
