@@ -16,9 +16,7 @@ func ExampleNew() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(256))
 	if err != nil {
@@ -39,9 +37,7 @@ func ExampleNewRegion() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	region, err := bufpool.NewRegion(ep.PD(), 1<<20, bufpool.RemoteRead)
 	if err != nil {

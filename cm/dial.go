@@ -101,8 +101,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 		reply, err = c.waitEstablished(ctx)
 	}
 	if err != nil {
-		ep.Close()
-		drain(ep)
+		ep.CloseAndDrain(nil)
 		return nil, err
 	}
 	if o.replyData != nil {
@@ -119,11 +118,4 @@ func resolveTimeout(ctx context.Context, def time.Duration) int {
 		d = time.Until(dl)
 	}
 	return max(1, int(d/time.Millisecond))
-}
-
-// drain discards the completions of an endpoint that never reached its
-// caller (it was closed before anything was posted).
-func drain(ep *endpoint.Endpoint) {
-	for range ep.Completions() {
-	}
 }

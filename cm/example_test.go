@@ -27,9 +27,7 @@ func ExampleListen() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() { // read until closed
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	fmt.Println("accepted; connection ends:", <-ep.Done())
 }
@@ -49,9 +47,7 @@ func ExampleDial() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	fmt.Println("connected")
 }
@@ -74,8 +70,6 @@ func ExampleListener_AcceptRequest() {
 	}
 	ep, err := req.Accept(ctx, cm.WithPrivateData([]byte("welcome")))
 	if err == nil {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}
 }

@@ -248,8 +248,7 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 		_, err = c.waitEstablished(ctx)
 	}
 	if err != nil {
-		ep.Close()
-		drain(ep)
+		ep.CloseAndDrain(nil)
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
 	return ep, nil

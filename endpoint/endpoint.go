@@ -306,6 +306,19 @@ func (ep *Endpoint) setDone(cause error) {
 // MaxInline is the inline size the device granted.
 func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
 
+// CloseAndDrain closes the endpoint and reads Completions until it is
+// closed, handing each remaining completion to each (nil: discard them), so
+// that their buffers can go back to their pools. It returns Close's error.
+func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
+	err := ep.Close()
+	for c := range ep.out {
+		if each != nil {
+			each(c)
+		}
+	}
+	return err
+}
+
 // Close disconnects, waits (at most Config.CloseTimeout) for the device to
 // hand back every posted work request, completes each pending context with
 // an error matching ErrClosed, and destroys the QP, CQ and channel, then the

@@ -18,9 +18,7 @@ func ExampleEndpoint_PostSend() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(16))
 	if err != nil {
@@ -46,9 +44,7 @@ func ExampleEndpoint_PostWriteImm() {
 		return
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	var remote bufpool.Remote
 	// ... remote.UnmarshalBinary(the 16 bytes the peer sent) ...

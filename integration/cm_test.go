@@ -137,9 +137,7 @@ func TestIPv6(t *testing.T) {
 	go func() {
 		if ep, err := l.Accept(ctx); err == nil {
 			<-ep.Done()
-			ep.Close()
-			for range ep.Completions() {
-			}
+			ep.CloseAndDrain(nil)
 		}
 	}()
 	ep, err := cm.Dial(ctx, l.Addr().String())

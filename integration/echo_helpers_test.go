@@ -17,16 +17,11 @@ import (
 func echoUntilClosed(ctx context.Context, ep *endpoint.Endpoint, size, depth int) error {
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
 	if err != nil {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 		return err
 	}
 	defer func() {
-		ep.Close()
-		for c := range ep.Completions() {
-			pool.Put(c.Buffer)
-		}
+		ep.CloseAndDrain(func(c endpoint.Completion) { pool.Put(c.Buffer) })
 		pool.Close()
 	}()
 	for range depth {
@@ -69,9 +64,7 @@ func echoClient(ctx context.Context, addr string, id, msgs int, opts ...cm.Optio
 		return err
 	}
 	defer func() {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 	}()
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2))
 	if err != nil {

@@ -50,9 +50,7 @@ func connect(t *testing.T, ctx context.Context, opts ...cm.Option) *pair {
 // closeAndDrain closes ep and reads its completions until the channel closes.
 func closeAndDrain(t *testing.T, ep *endpoint.Endpoint) {
 	t.Helper()
-	require.NoError(t, ep.Close())
-	for range ep.Completions() {
-	}
+	require.NoError(t, ep.CloseAndDrain(nil))
 }
 
 // newPool makes a message pool on ep's protection domain, closed at cleanup.
@@ -104,9 +102,7 @@ func benchPair(b *testing.B) *pair {
 	require.NotNil(b, server)
 	b.Cleanup(func() {
 		for _, ep := range []*endpoint.Endpoint{client, server} {
-			ep.Close()
-			for range ep.Completions() {
-			}
+			ep.CloseAndDrain(nil)
 		}
 	})
 	return &pair{client: client, server: server, listener: l}

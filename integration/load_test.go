@@ -132,17 +132,13 @@ func TestConnectCloseCycles(t *testing.T) {
 		go func() {
 			ep, err := l.Accept(ctx)
 			if err == nil {
-				ep.Close()
-				for range ep.Completions() {
-				}
+				ep.CloseAndDrain(nil)
 			}
 			got <- err
 		}()
 		ep, err := cm.Dial(ctx, l.Addr().String())
 		require.NoError(t, err)
-		require.NoError(t, ep.Close())
-		for range ep.Completions() {
-		}
+		require.NoError(t, ep.CloseAndDrain(nil))
 		require.NoError(t, <-got)
 	}
 	measure := func() (goroutines, fds int, heap uint64, res rxetest.Resources) {

@@ -173,9 +173,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 			return c, nil
 		}
 	}
-	ep.Close()
-	for range ep.Completions() {
-	}
+	ep.CloseAndDrain(nil)
 	abandon(posted, pool)
 	return nil, err
 }
@@ -233,9 +231,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		}
 		c, err := newConn(ep, l.o, pool, peer)
 		if err != nil {
-			ep.Close()
-			for range ep.Completions() {
-			}
+			ep.CloseAndDrain(nil)
 			abandon(posted, pool)
 			return nil, err
 		}

@@ -53,9 +53,7 @@ func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
 
 // close ends the connection and frees the descriptor pool.
 func (p *peer) close() {
-	p.ep.Close()
-	for range p.ep.Completions() {
-	}
+	p.ep.CloseAndDrain(nil)
 	p.pool.Put(p.desc)
 	p.pool.Close()
 }

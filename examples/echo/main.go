@@ -121,16 +121,11 @@ func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
 	const depth = 16
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
 	if err != nil {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 		return err
 	}
 	defer func() { // close, take every buffer back, then free the pool
-		ep.Close()
-		for c := range ep.Completions() {
-			pool.Put(c.Buffer)
-		}
+		ep.CloseAndDrain(func(c endpoint.Completion) { pool.Put(c.Buffer) })
 		pool.Close()
 	}()
 	for range depth {
@@ -208,17 +203,13 @@ func client(ctx context.Context, addr string, size, count int, verify bool) ([]t
 	}
 	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(2))
 	if err != nil {
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 		return nil, err
 	}
 	send, _ := pool.TryGet()
 	recv, _ := pool.TryGet()
 	defer func() { // the QP first, so the device is done with the buffers
-		ep.Close()
-		for range ep.Completions() {
-		}
+		ep.CloseAndDrain(nil)
 		pool.Put(send)
 		pool.Put(recv)
 		pool.Close()
