@@ -30,12 +30,12 @@ func TestCloseWhilePosting(t *testing.T) {
 		b, _ := spool.TryGet()
 		require.NoError(t, p.server.PostRecv(nil, b))
 	}
+	reposter := make(chan struct{})
 	go func() { // repost receives until the server's completions close
+		defer close(reposter)
 		for c := range p.server.Completions() {
-			if c.Err == nil {
-				p.server.PostRecv(nil, c.Buffer)
-			} else {
-				spool.Put(c.Buffer)
+			if c.Err != nil || p.server.PostRecv(nil, c.Buffer) != nil {
+				spool.Put(c.Buffer) // flushed, or the server is closing
 			}
 		}
 	}()
@@ -107,6 +107,11 @@ func TestCloseWhilePosting(t *testing.T) {
 	}
 	t.Logf("%d posts completed (each exactly once), %d refused (queue full or closed)", posted.Load(), refused.Load())
 	require.Equal(t, 0, pool.Stats().Out, "every buffer came back")
+	// Close the server here, so that its flushed receives reach the
+	// reposter (which puts them back), not the cleanup's drain.
+	require.NoError(t, p.server.Close())
+	<-reposter
+	require.Equal(t, 0, spool.Stats().Out, "every server buffer came back")
 }
 
 // TestPollModes runs the echo exchange with busy and hybrid polling.
