@@ -359,6 +359,7 @@ func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-c.done:
+		<-c.loopDone // messages that arrived before the end are all in the inbox now
 		select {
 		case m := <-c.inbox:
 			return m, nil
@@ -420,6 +421,16 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	h.Encode(b.Bytes())
 	copy(b.Bytes()[HeaderSize:], payload)
 	return c.post(b, &h)
+}
+
+// flush waits until every message posted so far has left this side (its
+// send completed), or ctx ends.
+func (c *Conn) flush(ctx context.Context) error {
+	err := c.waitFor(ctx, func() bool { return c.sendPool.Stats().Out == 0 })
+	if err == nil {
+		c.mu.Unlock()
+	}
+	return err
 }
 
 // takeCreditLocked spends a credit on h and puts the credits owed to the

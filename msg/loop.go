@@ -20,6 +20,9 @@ func (c *Conn) run() {
 		case endpoint.OpSend:
 			if _, ok := comp.Context.(sendToken); ok {
 				c.sendPool.Put(comp.Buffer)
+				c.mu.Lock()
+				c.signal() // for flush
+				c.mu.Unlock()
 			}
 			if comp.Err != nil {
 				c.fail(fmt.Errorf("msg: send: %w", comp.Err))

@@ -126,6 +126,7 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		forget()
 		return nil, ctx.Err()
 	case <-cl.c.Done():
+		<-cl.loopDone // every response that arrived has been routed
 		forget()
 		select { // it may have arrived just before the end
 		case m := <-ch:
@@ -261,10 +262,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	s.mu.Lock()
+	conns := make([]*Conn, 0, len(s.conns))
 	for c := range s.conns {
-		c.Close()
+		conns = append(conns, c)
 	}
 	s.mu.Unlock()
+	for _, c := range conns {
+		if err == nil {
+			// A finished handler has posted its response; let it leave
+			// before the connection closes under it. (A connection the
+			// peer already ended has nothing more to deliver.)
+			if c.flush(ctx) != nil && ctx.Err() != nil {
+				err = ctx.Err()
+			}
+		}
+		c.Close()
+	}
 	s.connWG.Wait()
 	<-finished // handlers see their ctx end with the connection
 	return err
