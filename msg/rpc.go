@@ -117,11 +117,7 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 	}
 	select {
 	case m := <-ch:
-		defer m.Release()
-		if m.Type == TypeError {
-			return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
-		}
-		return append([]byte(nil), m.Payload...), nil
+		return response(method, m)
 	case <-ctx.Done():
 		forget()
 		return nil, ctx.Err()
@@ -130,15 +126,20 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		forget()
 		select { // it may have arrived just before the end
 		case m := <-ch:
-			defer m.Release()
-			if m.Type == TypeError {
-				return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
-			}
-			return append([]byte(nil), m.Payload...), nil
+			return response(method, m)
 		default:
 		}
 		return nil, cl.c.Err()
 	}
+}
+
+// response turns a reply into Call's result (a copy) and releases it.
+func response(method string, m *Message) ([]byte, error) {
+	defer m.Release()
+	if m.Type == TypeError {
+		return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
+	}
+	return append([]byte(nil), m.Payload...), nil
 }
 
 // Close closes the connection; calls in flight return errors.
