@@ -25,7 +25,7 @@ func (ep *Endpoint) pollLoop() {
 	var closeDeadline time.Time
 	lastWork := time.Now()
 	for {
-		n, err := ep.drain()
+		n, err := ep.poll()
 		if err != nil {
 			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
 			ep.markClosing()
@@ -45,6 +45,11 @@ func (ep *Endpoint) pollLoop() {
 		switch {
 		case n > 0:
 			continue
+		case !closing && ep.cfg.Poll != PollEvent && ep.callersPolling():
+			// Callers of Next poll the CQ in their own goroutines: two
+			// spinning pollers per endpoint would only fight for the CPU.
+			ep.standAside()
+			continue
 		case !closing && (ep.cfg.Poll == PollBusy ||
 			ep.cfg.Poll == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
 			// Spin, but let the goroutines that consume and post run:
@@ -55,7 +60,7 @@ func (ep *Endpoint) pollLoop() {
 		if err := ep.cq.ReqNotify(false); err != nil {
 			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
 		}
-		if n, _ := ep.drain(); n > 0 {
+		if n, _ := ep.poll(); n > 0 {
 			if ep.cfg.Poll == PollHybrid {
 				lastWork = time.Now()
 			}
@@ -105,9 +110,21 @@ func (ep *Endpoint) closingState() (bool, int) {
 	return ep.closing, ep.sends.inUse() + ep.recvs.inUse()
 }
 
+// poll drains the CQ unless it is destroyed. The completion goroutine and
+// callers of Next both poll; pollMu keeps them off the CQ (and its reused
+// completion array) at the same time.
+func (ep *Endpoint) poll() (int, error) {
+	ep.pollMu.Lock()
+	defer ep.pollMu.Unlock()
+	if ep.cqGone {
+		return 0, nil
+	}
+	return ep.drain()
+}
+
 // drain polls the CQ until it is empty and queues a Completion for every
 // work request that finished, including the unsignaled sends a signaled
-// completion stands for.
+// completion stands for. pollMu is held.
 func (ep *Endpoint) drain() (int, error) {
 	total := 0
 	for {
@@ -124,9 +141,12 @@ func (ep *Endpoint) drain() (int, error) {
 		for i := range n {
 			ep.complete(ep.cq.At(i))
 		}
+		notify := len(ep.queue.items) > 0
 		ep.queue.mu.Unlock()
 		ep.mu.Unlock()
-		ep.queue.notify()
+		if notify {
+			ep.queue.notify()
+		}
 	}
 }
 
@@ -155,7 +175,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		if wc.Status != verbs.WCSuccess {
 			c.Err, c.Len = &CompletionError{Op: OpRecv, Status: wc.Status, VendorErr: wc.VendorErr}, 0
 		}
-		ep.queue.items = append(ep.queue.items, c)
+		ep.queue.emit(c)
 		return
 	}
 	idx := uint32(wc.WRID)
@@ -169,10 +189,10 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			if wc.Status != verbs.WCSuccess {
 				c.Err = &CompletionError{Op: s.op, Status: wc.Status, VendorErr: wc.VendorErr}
 			}
-			ep.queue.items = append(ep.queue.items, c)
+			ep.queue.emit(c)
 			break
 		}
-		ep.queue.items = append(ep.queue.items, c)
+		ep.queue.emit(c)
 	}
 }
 
@@ -184,7 +204,10 @@ func (ep *Endpoint) teardown() {
 	ep.qpDestroyed = true
 	ep.id.DestroyQP()
 	ep.qpMu.Unlock()
+	ep.pollMu.Lock()
+	ep.cqGone = true
 	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
+	ep.pollMu.Unlock()
 	if ep.cfg.SRQ != nil {
 		ep.cfg.SRQ.detach()
 	}
@@ -212,17 +235,36 @@ func (ep *Endpoint) teardown() {
 	ep.closeErr = errors.Join(errs...)
 }
 
-// completionQueue hands completions from the completion goroutine to the
-// delivery goroutine, so that a slow reader of Completions never stops the
+// completionQueue hands completions to Completions. A completion goes
+// straight into the channel when the channel has room and nothing is queued
+// before it (no goroutine hand-off); otherwise it is queued and the delivery
+// goroutine sends it, so that a slow reader of Completions never stops the
 // CQ from being polled (or Close from finishing).
 type completionQueue struct {
-	mu     sync.Mutex
-	items  []Completion
-	closed bool
-	wake   chan struct{}
+	out        chan Completion
+	mu         sync.Mutex
+	items      []Completion
+	delivering bool // the delivery goroutine holds a batch not yet sent
+	closed     bool
+	wake       chan struct{}
 }
 
-func (q *completionQueue) init() { q.wake = make(chan struct{}, 1) }
+func (q *completionQueue) init(capacity int) {
+	q.out = make(chan Completion, capacity)
+	q.wake = make(chan struct{}, 1)
+}
+
+// emit delivers c in order; q.mu is held.
+func (q *completionQueue) emit(c Completion) {
+	if len(q.items) == 0 && !q.delivering {
+		select {
+		case q.out <- c:
+			return
+		default:
+		}
+	}
+	q.items = append(q.items, c)
+}
 
 func (q *completionQueue) notify() {
 	select {
@@ -233,8 +275,8 @@ func (q *completionQueue) notify() {
 
 // deliverLoop sends queued completions to Completions, and closes it once
 // the endpoint is torn down and everything is delivered. It swaps two
-// slices with the completion goroutine: it owns batch while delivering it,
-// the completion goroutine appends to the other.
+// slices with the pollers: it owns batch while delivering it, they append
+// to the other.
 func (ep *Endpoint) deliverLoop() {
 	q := &ep.queue
 	var batch []Completion
@@ -243,17 +285,18 @@ func (ep *Endpoint) deliverLoop() {
 		for {
 			q.mu.Lock()
 			batch, q.items = q.items, batch[:0]
+			q.delivering = len(batch) > 0
 			closed := q.closed
 			q.mu.Unlock()
 			if len(batch) == 0 {
 				if closed {
-					close(ep.out)
+					close(q.out)
 					return
 				}
 				break
 			}
 			for i := range batch {
-				ep.out <- batch[i]
+				q.out <- batch[i]
 				batch[i] = Completion{} // drop references for the GC
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
@@ -90,9 +91,20 @@ type Endpoint struct {
 	sendTaken []uint32  // slots taken by the batch being posted, reused
 	recvTaken []uint32
 
-	unacked  int // CQ events taken and not yet acked (completion goroutine only)
-	out      chan Completion
-	queue    completionQueue
+	unacked int // CQ events taken and not yet acked (completion goroutine only)
+	queue   completionQueue
+
+	pollMu sync.Mutex // one poller of the CQ at a time
+	cqGone bool       // the CQ is destroyed (under pollMu)
+	// Callers of Next that poll the CQ themselves (busy and hybrid modes);
+	// the completion goroutine stands aside while they do.
+	callers   atomic.Int32
+	nextCalls atomic.Uint64 // Next calls that polled, ever
+	seenCalls uint64        // nextCalls when the completion goroutine last looked
+	kick      chan struct{} // wakes a completion goroutine standing aside
+	aside     *time.Timer
+	asideFor  time.Duration // the current stand-aside back-off
+
 	pollDone chan struct{}
 	closeErr error
 	onClose  func() error
@@ -206,8 +218,8 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	ep.scratch = make([]Request, 1)
 	ep.sendTaken = make([]uint32, 0, cfg.SendDepth)
 	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
-	ep.out = make(chan Completion, cfg.SendDepth+cfg.RecvDepth)
-	ep.queue.init()
+	ep.queue.init(cfg.SendDepth + cfg.RecvDepth)
+	ep.kick = make(chan struct{}, 1)
 	go ep.pollLoop()
 	go ep.deliverLoop()
 	return ep, &Owner{ep: ep}, nil
@@ -280,7 +292,7 @@ func (ep *Endpoint) PD() *bufpool.PD { return ep.pd }
 // (or the end of the connection) it delivers the remaining ones and is then
 // closed: read it until it is closed, or the goroutine delivering to it
 // waits for you.
-func (ep *Endpoint) Completions() <-chan Completion { return ep.out }
+func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
 
 // Done is closed when the connection has ended: Close, or the peer left.
 func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
@@ -311,7 +323,7 @@ func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
 // that their buffers can go back to their pools. It returns Close's error.
 func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 	err := ep.Close()
-	for c := range ep.out {
+	for c := range ep.queue.out {
 		if each != nil {
 			each(c)
 		}
@@ -332,6 +344,7 @@ func (ep *Endpoint) Close() error {
 		ep.disconnect() // posted work flushes back
 		ep.setDone(ErrClosed)
 		ep.wait.SetDeadline(pastTime) // wake the completion goroutine
+		ep.wakePoller()
 		<-ep.pollDone
 	})
 	return ep.closeErr

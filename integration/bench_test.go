@@ -36,6 +36,16 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs, "PostWrite + its completion allocates")
+
+	allocs = testing.AllocsPerRun(500, func() {
+		if err := p.client.PostWrite(nil, b, 64, remote); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := p.client.Next(ctx); err != nil || c.Err != nil {
+			t.Fatal(err, c.Err)
+		}
+	})
+	require.Zero(t, allocs, "PostWrite + Next allocates")
 }
 
 func BenchmarkPoolGetPut(b *testing.B) {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,9 +47,20 @@ var (
 	}
 )
 
-// runCompare runs every test at every size, perftest first and then ours,
-// prints one table, and (with out) writes BENCHMARKS.md and bench.png.
-func runCompare(ctx context.Context, out string) error {
+// compareSet is what -compare runs: every test at every size by default;
+// -test and -sizes narrow it, -repeat takes the median of several runs.
+type compareSet struct {
+	tests  []string
+	sizes  []int
+	repeat int
+}
+
+var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat"}
+
+// runCompare runs each test at each size, perftest first and then ours
+// (repeat times, alternating, keeping each side's median), prints one
+// table, and (with out) writes BENCHMARKS.md and bench.png.
+func runCompare(ctx context.Context, set compareSet, out string) error {
 	host := os.Getenv("RDMACM_TEST_ADDR")
 	if host == "" {
 		return fmt.Errorf("-compare runs on rxe0 in the testbed: bin/rxevm bin/rdmaperf -compare (or make bench)")
@@ -64,35 +76,46 @@ func runCompare(ctx context.Context, out string) error {
 		rows = append(rows, r)
 		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f\n", r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio())
 	}
-	for _, test := range []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat"} {
+	for _, test := range set.tests {
 		lat := strings.HasSuffix(test, "_lat")
-		for _, size := range compareSizes {
+		polls := []string{"event", "busy"}
+		if lat {
+			polls = []string{"busy", "hybrid", "event"}
+		}
+		for _, size := range set.sizes {
 			iters := defaultIters(test, size)
-			var pt float64
-			if tool, ok := perftestTool[test]; ok {
-				// perftest itself sometimes hangs on rxe under TCG; its row
-				// then says n/a rather than stopping the comparison.
-				if pt, err = runPerftest(ctx, tool, host, nextPort(), size, iters, lat); err != nil {
-					fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
-					pt = 0
+			var pts []float64
+			ours := make(map[string][]float64)
+			for range set.repeat {
+				if tool, ok := perftestTool[test]; ok {
+					// perftest itself sometimes hangs on rxe under TCG; its
+					// run is then left out (n/a when no run finished).
+					pt, err := runPerftest(ctx, tool, host, nextPort(), size, iters, lat)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
+					} else {
+						pts = append(pts, pt)
+					}
 				}
-			}
-			polls := []string{"event"}
-			if lat {
-				polls = []string{"busy", "hybrid", "event"}
+				for _, poll := range polls {
+					r, err := runOurs(ctx, self, test, host, nextPort(), size, iters, poll)
+					if err != nil {
+						return fmt.Errorf("rdmaperf %s %d B %s: %w", test, size, poll, err)
+					}
+					v := r.BW
+					if lat {
+						v = r.Typical
+					}
+					ours[poll] = append(ours[poll], v)
+				}
 			}
 			for _, poll := range polls {
-				r, err := runOurs(ctx, self, test, host, nextPort(), size, iters, poll)
-				if err != nil {
-					return fmt.Errorf("rdmaperf %s %d B %s: %w", test, size, poll, err)
-				}
-				v := r.BW
-				if lat {
-					v = r.Typical
-				}
-				add(row{Test: test, Size: size, Poll: poll, Perftest: pt, Ours: v, Lat: lat})
+				add(row{Test: test, Size: size, Poll: poll, Perftest: median(pts), Ours: median(ours[poll]), Lat: lat})
 			}
 		}
+	}
+	if !slices.Equal(set.tests, compareTests) || !slices.Equal(set.sizes, compareSizes) {
+		return nil // a partial comparison is not written or followed by rpc
 	}
 	rpc, err := runOurs(ctx, self, "rpc", host, nextPort(), 64, 500, "event")
 	if err != nil {
@@ -103,7 +126,7 @@ func runCompare(ctx context.Context, out string) error {
 	if out == "" {
 		return nil
 	}
-	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, rpc); err != nil {
+	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, rpc, set.repeat); err != nil {
 		return err
 	}
 	return writeChart(filepath.Join(out, "bench.png"), rows)
@@ -181,7 +204,17 @@ func runOurs(ctx context.Context, self, test, host string, port, size, iters int
 	return r, json.Unmarshal(b, &r)
 }
 
-func writeMarkdown(path string, rows []row, rpc result) error {
+// median is the middle value (0 for none).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 	var b strings.Builder
 	host := os.Getenv("RDMAPERF_HOST") // the machine under the guest, from make bench
 	if host == "" {
@@ -205,7 +238,8 @@ func writeMarkdown(path string, rows []row, rpc result) error {
 		host, strings.TrimSpace(string(kernel)), runtime.NumCPU(), cpu)
 	b.WriteString("Bandwidth is BW average in MiB/s (perftest's MB/sec; higher is better, ratio = ours / perftest). " +
 		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
-		"perftest busy-polls; ours is shown with each polling mode.\n\n")
+		"perftest busy-polls; ours is shown with each polling mode. ")
+	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate.\n\n", repeat)
 	b.WriteString("| test | size | ours polling | perftest | ours | ratio |\n| --- | ---: | --- | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		pt, ratio := fmt.Sprintf("%.2f", r.Perftest), fmt.Sprintf("%.2f", r.ratio())

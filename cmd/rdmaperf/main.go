@@ -71,6 +71,7 @@ func main() {
 	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")
 	callers := flag.Int("callers", 16, "rpc: concurrent callers")
 	asJSON := flag.Bool("json", false, "print JSON, one object per result")
+	repeat := flag.Int("repeat", 1, "with -compare: run each pair this many times and keep the medians")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -92,7 +93,18 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *compare {
-		if err := runCompare(ctx, *out); err != nil {
+		set := compareSet{tests: compareTests, sizes: compareSizes, repeat: max(1, *repeat)}
+		flag.Visit(func(f *flag.Flag) { // -test and -sizes narrow the comparison
+			switch f.Name {
+			case "test":
+				set.tests = strings.Split(*test, ",")
+			case "sizes":
+				set.sizes = sweep(*sizes)
+			case "size":
+				set.sizes = []int{*size}
+			}
+		})
+		if err := runCompare(ctx, set, *out); err != nil {
 			fatalf("%v", err)
 		}
 		return

@@ -128,85 +128,128 @@ func serve(ctx context.Context, cfg config) error {
 	if region != nil {
 		defer region.Close()
 	}
+	// Receives are posted before the exchange, which the client waits
+	// for: its first message must not find the queue empty (an RNR NAK
+	// and its retry timer would land in the measurement).
+	var recv *receiver
+	switch cfg.test {
+	case "send_bw", "send_lat":
+		recv, err = postReceives(&p, cfg.size, cfg.test == "send_lat")
+	case "write_imm_bw":
+		recv, err = postReceives(&p, 64, false) // the receive only carries the immediate
+	}
+	if err != nil {
+		return err
+	}
+	if recv != nil {
+		defer recv.pool.Close()
+	}
 	theirs, err := p.exchange(mine)
 	if err != nil {
 		return err
 	}
 	switch cfg.test {
-	case "send_bw", "send_lat":
-		return serveReceives(&p, cfg.size, cfg.test == "send_lat")
-	case "write_imm_bw":
-		return serveReceives(&p, 64, false) // the receive only carries the immediate
+	case "send_bw", "send_lat", "write_imm_bw":
+		return recv.serve(ctx)
 	case "write_bw", "read_bw", "read_lat":
 		<-p.ep.Done() // the client is done when it disconnects
 		return nil
 	case "write_lat":
-		return writeLatency(&p, cfg, false, region, theirs, nil)
+		return writeLatency(ctx, &p, cfg, false, region, theirs, nil)
 	}
 	return fmt.Errorf("unknown test %q", cfg.test)
 }
 
-// serveReceives keeps serverRecvs receives posted. For bandwidth they all
+// receiver keeps serverRecvs receives posted. For bandwidth they all
 // point at one buffer, as perftest's do (the data is not looked at), and
 // are reposted in batches; with echo (send_lat) each has its own buffer
 // and every message is answered with one of the same size.
-func serveReceives(p *peer, size int, echo bool) error {
+type receiver struct {
+	p      *peer
+	pool   *bufpool.Pool
+	size   int
+	reply  *bufpool.Buffer // echo only
+	repost []endpoint.Request
+}
+
+// postReceives posts the first serverRecvs receives.
+func postReceives(p *peer, size int, echo bool) (*receiver, error) {
 	count := 1
 	if echo {
 		count = serverRecvs + 1
 	}
 	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(count))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pool.Close()
-	var reply *bufpool.Buffer
+	r := &receiver{p: p, pool: pool, size: size, repost: make([]endpoint.Request, 0, serverRecvs)}
 	shared, _ := pool.TryGet()
 	if echo {
-		reply = shared
+		r.reply = shared
 	}
-	repost := make([]endpoint.Request, 0, serverRecvs)
 	for range serverRecvs {
 		b := shared
 		if echo {
 			b, _ = pool.TryGet()
 		}
-		repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: b, Length: size})
+		r.repost = append(r.repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: b, Length: size})
 	}
-	if err := p.ep.PostBatch(repost); err != nil {
-		return err
+	if err := p.ep.PostBatch(r.repost); err != nil {
+		pool.Close()
+		return nil, err
 	}
+	return r, nil
+}
+
+// serve answers (echo) and reposts until the client leaves.
+func (r *receiver) serve(ctx context.Context) error {
+	ep := r.p.ep
+	ctx, cancel := untilDone(ctx, ep) // the client left: close drains the rest
+	defer cancel()
 	for {
-		repost = repost[:0]
-		var c endpoint.Completion
-		select {
-		case c = <-p.ep.Completions():
-		case <-p.ep.Done(): // the client left; close drains the rest
+		repost := r.repost[:0]
+		c, err := ep.Next(ctx)
+		if err != nil {
 			return nil
 		}
 		for { // take what else is ready, to repost in one call
 			if c.Err == nil && (c.Op == endpoint.OpRecv || c.Op == endpoint.OpRecvWriteImm) {
-				if echo {
-					if err := p.ep.PostSend(nil, reply, c.Len); err != nil {
+				if r.reply != nil {
+					if err := ep.PostSend(nil, r.reply, c.Len, endpoint.Unsignaled()); err != nil {
 						return err
 					}
 				}
-				repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: c.Buffer, Length: size})
+				repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: c.Buffer, Length: r.size})
 			}
 			if len(repost) == cap(repost) {
 				break
 			}
 			select {
-			case c = <-p.ep.Completions():
+			case c = <-ep.Completions():
 				continue
 			default:
 			}
 			break
 		}
-		if err := p.ep.PostBatch(repost); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+		if err := ep.PostBatch(repost); err != nil && !errors.Is(err, endpoint.ErrClosed) {
 			return err
 		}
 	}
+}
+
+// untilDone is ctx, also cancelled when the endpoint's connection ends
+// (for loops on Next, which would otherwise wait for completions that
+// will never come).
+func untilDone(ctx context.Context, ep *endpoint.Endpoint) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-ep.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // runClient connects and measures cfg.test.
@@ -235,11 +278,11 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 	r := result{Test: cfg.test, Size: cfg.size, Iters: cfg.iters}
 	switch cfg.test {
 	case "send_bw", "write_bw", "read_bw", "write_imm_bw":
-		err = bandwidth(&p, cfg, remote, &r)
+		err = bandwidth(ctx, &p, cfg, remote, &r)
 	case "send_lat", "read_lat":
-		err = latency(&p, cfg, remote, &r)
+		err = latency(ctx, &p, cfg, remote, &r)
 	case "write_lat":
-		err = writeLatency(&p, cfg, true, region, remote, &r)
+		err = writeLatency(ctx, &p, cfg, true, region, remote, &r)
 	default:
 		err = fmt.Errorf("unknown test %q", cfg.test)
 	}
@@ -248,7 +291,7 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 
 // bandwidth keeps cfg.depth work requests in flight, posting them in
 // batches of up to 16 in one call, all but the last of a batch unsignaled.
-func bandwidth(p *peer, cfg config, remote bufpool.Remote, r *result) error {
+func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r *result) error {
 	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(cfg.size), bufpool.Count(1))
 	if err != nil {
 		return err
@@ -286,9 +329,12 @@ func bandwidth(p *peer, cfg config, remote bufpool.Remote, r *result) error {
 			posted += n
 			inflight += n
 		}
-		c := <-p.ep.Completions()
-		if c.Err != nil {
-			return c.Err
+		c, err := p.ep.Next(ctx)
+		if err == nil {
+			err = c.Err
+		}
+		if err != nil {
+			return err
 		}
 		inflight--
 		done++
@@ -301,7 +347,7 @@ func bandwidth(p *peer, cfg config, remote bufpool.Remote, r *result) error {
 
 // latency: send_lat is a ping-pong (half the round trip, like
 // ib_send_lat); read_lat times each RDMA READ (the whole round trip).
-func latency(p *peer, cfg config, remote bufpool.Remote, r *result) error {
+func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r *result) error {
 	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(cfg.size), bufpool.Count(2))
 	if err != nil {
 		return err
@@ -311,41 +357,61 @@ func latency(p *peer, cfg config, remote bufpool.Remote, r *result) error {
 	rb, _ := pool.TryGet()
 	defer pool.Put(sb)
 	defer pool.Put(rb)
-	times := make([]time.Duration, 0, cfg.iters)
+	next := func(want endpoint.Op) error {
+		for {
+			c, err := p.ep.Next(ctx)
+			if err == nil {
+				err = c.Err
+			}
+			if err != nil || c.Op == want {
+				return err
+			}
+		}
+	}
+	// One clock read per iteration, as perftest stamps each post: an
+	// iteration's time is the gap to the next stamp (reading the clock
+	// costs microseconds under emulation; twice would count it twice).
+	stamps := make([]time.Time, 0, cfg.iters+1)
 	for range cfg.iters {
-		t0 := time.Now()
+		stamps = append(stamps, time.Now())
 		if cfg.test == "read_lat" {
 			if err := p.ep.PostRead(nil, rb, cfg.size, remote); err != nil {
 				return err
 			}
-			if c := <-p.ep.Completions(); c.Err != nil {
-				return c.Err
+			if err := next(endpoint.OpRead); err != nil {
+				return err
 			}
-			times = append(times, time.Since(t0))
 			continue
 		}
 		if err := p.ep.PostRecv("pong", rb); err != nil {
 			return err
 		}
-		if err := p.ep.PostSend(nil, sb, cfg.size); err != nil {
+		// Unsignaled, as ib_send_lat's sends: the send's context comes
+		// back with a later signaled one, off the timed path.
+		if err := p.ep.PostSend(nil, sb, cfg.size, endpoint.Unsignaled()); err != nil {
 			return err
 		}
-		for got := 0; got < 2; got++ {
-			c := <-p.ep.Completions()
-			if c.Err != nil {
-				return c.Err
-			}
+		if err := next(endpoint.OpRecv); err != nil {
+			return err
 		}
-		times = append(times, time.Since(t0)/2)
+	}
+	stamps = append(stamps, time.Now())
+	times := make([]time.Duration, cfg.iters)
+	for i := range times {
+		times[i] = stamps[i+1].Sub(stamps[i])
+		if cfg.test == "send_lat" {
+			times[i] /= 2 // half the round trip
+		}
 	}
 	summarize(times, r)
 	return nil
 }
 
 // writeLatency is ib_write_lat's ping-pong: each side writes into the
-// other's region, and waits by watching its own region's last word change
-// (no completion is waited for on the path).
-func writeLatency(p *peer, cfg config, client bool, region *bufpool.Region, remote bufpool.Remote, r *result) error {
+// other's region and waits by watching its own region's last word change;
+// like ib_write_lat, each side also takes its write's completion before it
+// waits for the peer's.
+func writeLatency(ctx context.Context, p *peer, cfg config, client bool, region *bufpool.Region, remote bufpool.Remote, r *result) error {
 	size := max(cfg.size, 8)
 	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(size), bufpool.Count(1))
 	if err != nil {
@@ -356,16 +422,6 @@ func writeLatency(p *peer, cfg config, client bool, region *bufpool.Region, remo
 	defer pool.Put(b)
 	word := (*uint64)(unsafe.Pointer(&region.Bytes()[(size-8)&^7]))
 	off := (size - 8) &^ 7
-	// Completions are drained aside: nothing on the timed path waits for one.
-	var drained sync.WaitGroup
-	drained.Add(1)
-	go func() {
-		defer drained.Done()
-		for range p.ep.Completions() {
-		}
-	}()
-	defer func() { p.ep.Close(); drained.Wait() }()
-	times := make([]time.Duration, 0, cfg.iters)
 	wait := func(want uint64) error {
 		for spins := 0; atomic.LoadUint64(word) != want; spins++ {
 			if spins%256 == 255 {
@@ -379,8 +435,11 @@ func writeLatency(p *peer, cfg config, client bool, region *bufpool.Region, remo
 		}
 		return nil
 	}
+	stamps := make([]time.Time, 0, cfg.iters+1) // one clock read per iteration, as in latency
 	for i := uint64(1); i <= uint64(cfg.iters); i++ {
-		t0 := time.Now()
+		if client {
+			stamps = append(stamps, time.Now())
+		}
 		if !client {
 			if err := wait(i); err != nil {
 				return err
@@ -390,14 +449,25 @@ func writeLatency(p *peer, cfg config, client bool, region *bufpool.Region, remo
 		if err := p.ep.PostWrite(nil, b, size, remote); err != nil {
 			return err
 		}
+		c, err := p.ep.Next(ctx)
+		if err == nil {
+			err = c.Err
+		}
+		if err != nil {
+			return err
+		}
 		if client {
 			if err := wait(i); err != nil {
 				return err
 			}
-			times = append(times, time.Since(t0)/2)
 		}
 	}
 	if client {
+		stamps = append(stamps, time.Now())
+		times := make([]time.Duration, cfg.iters)
+		for i := range times {
+			times[i] = stamps[i+1].Sub(stamps[i]) / 2
+		}
 		summarize(times, r)
 	} else {
 		<-p.ep.Done()

@@ -244,7 +244,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		"-display", "none", "-nodefaults", "-no-reboot", "-nic", "none",
 		"-m", strconv.Itoa(opts.MemoryMB), "-smp", "2",
 		"-kernel", k.Image(), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 quiet loglevel=3",
+		"-append", "console=ttyS0 panic=-1 quiet loglevel=3 clocksource=tsc tsc=reliable",
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + share + ",mount_tag=share,security_model=none",
 	}

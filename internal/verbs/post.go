@@ -113,7 +113,7 @@ func (b *SendBatch) Post(id *CMID) error {
 	if n == 0 {
 		return nil
 	}
-	if ret := C.go_post_send(id.p.qp, b.wrs, C.int(n), b.sges, b.scratch, b.bad); ret != 0 {
+	if ret := C.go_post_send_u(cptr(id.p.qp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
 		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_send", ret)}
 	}
 	return nil
@@ -185,11 +185,15 @@ func (b *RecvBatch) Post(id *CMID, srq *SRQ) error {
 	} else {
 		qp = id.p.qp
 	}
-	if ret := C.go_post_recv(qp, srqp, b.wrs, C.int(n), b.sges, b.scratch, b.bad); ret != 0 {
+	if ret := C.go_post_recv_u(cptr(qp), cptr(srqp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
 		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
 	return nil
 }
+
+// cptr passes a pointer to C memory as an integer (see shim.h: it spares
+// the hot calls cgo's per-argument pointer checks). Never pass Go memory.
+func cptr[T any](p *T) C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(p))) }
 
 // Free releases the batch's C memory.
 func (b *RecvBatch) Free() {

@@ -1,0 +1,143 @@
+package endpoint
+
+import (
+	"context"
+	"runtime"
+	"time"
+)
+
+// While callers of Next poll, the completion goroutine looks again whether
+// anyone still does after minAside, then after twice as long each time they
+// still do, up to maxAside. The looks are wake-ups that take a CPU from
+// the spinning callers, hence the back-off; maxAside bounds the extra delay
+// of a completion nobody waits for in Next.
+const (
+	minAside = time.Millisecond
+	maxAside = 16 * time.Millisecond
+)
+
+// spinCheckEvery: a spinning Next checks its context, its spin time and
+// yields the processor once per this many polls (each check costs more
+// than a poll under emulation).
+const spinCheckEvery = 64
+
+// Next waits for the next completion of the stream Completions delivers
+// (each completion goes to one reader: Next or the channel).
+//
+// With PollBusy and PollHybrid, Next polls the CQ in the caller's
+// goroutine, so a completion reaches the caller without a goroutine
+// hand-off: the lowest-latency way to wait, as perftest's loop does.
+// PollBusy spins until a completion arrives or ctx ends; PollHybrid spins
+// for Config.Spin, then sleeps until the completion goroutine delivers one.
+// While callers poll in Next, the completion goroutine stands aside (it
+// looks again after 1 ms, backing off to every 16 ms while Next is still
+// called), so a completion nobody waits for in Next can reach Completions
+// up to 16 ms later. With PollEvent, Next
+// is a receive from Completions that honours ctx.
+//
+// Next returns ctx's error when ctx ends first, and an error matching
+// ErrClosed once the endpoint is closed and every completion was delivered.
+func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
+	select {
+	case c, ok := <-ep.queue.out:
+		return delivered(c, ok)
+	default:
+	}
+	if ep.cfg.Poll != PollEvent {
+		if c, got, err := ep.spin(ctx); got || err != nil {
+			return c, err
+		}
+	}
+	select {
+	case c, ok := <-ep.queue.out:
+		return delivered(c, ok)
+	case <-ctx.Done():
+		return Completion{}, ctx.Err()
+	}
+}
+
+func delivered(c Completion, ok bool) (Completion, error) {
+	if !ok {
+		return Completion{}, ErrClosed
+	}
+	return c, nil
+}
+
+// spin polls the CQ in the caller's goroutine until a completion is ready
+// (got), ctx ends (err), or, with PollHybrid, Config.Spin has passed.
+func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error) {
+	ep.callers.Add(1)
+	ep.nextCalls.Add(1)
+	defer func() {
+		// Leaving without a completion, the caller will sleep or give
+		// up: the completion goroutine must poll again.
+		if ep.callers.Add(-1) == 0 && !got {
+			ep.wakePoller()
+		}
+	}()
+	var start time.Time
+	if ep.cfg.Poll == PollHybrid {
+		start = time.Now()
+	}
+	for i := 1; ; i++ {
+		if _, err := ep.poll(); err != nil {
+			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
+			ep.markClosing()
+			ep.wakePoller()
+		}
+		select {
+		case c, ok := <-ep.queue.out:
+			c, err = delivered(c, ok)
+			return c, true, err
+		default:
+		}
+		if i%spinCheckEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return Completion{}, false, err
+			}
+			if ep.cfg.Poll == PollHybrid && time.Since(start) > ep.cfg.Spin {
+				return Completion{}, false, nil
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// callersPolling says whether a caller polls in Next now or has called
+// Next since the completion goroutine last looked. Completion goroutine only.
+func (ep *Endpoint) callersPolling() bool {
+	n := ep.nextCalls.Load()
+	recent := n != ep.seenCalls
+	ep.seenCalls = n
+	if !recent && ep.callers.Load() == 0 {
+		ep.asideFor = 0 // back to polling: the next stand-aside starts short
+		return false
+	}
+	return true
+}
+
+// standAside parks the completion goroutine until a caller leaves Next
+// without a completion, Close, or the back-off time has passed.
+func (ep *Endpoint) standAside() {
+	ep.asideFor = min(max(minAside, 2*ep.asideFor), maxAside)
+	if ep.aside == nil {
+		ep.aside = time.NewTimer(ep.asideFor)
+	} else {
+		ep.aside.Reset(ep.asideFor)
+	}
+	select {
+	case <-ep.kick:
+		ep.aside.Stop()
+		ep.asideFor = 0
+	case <-ep.aside.C:
+	}
+}
+
+// wakePoller ends the completion goroutine's standAside (now or, if it is
+// not standing aside, the next time it does: the kick is buffered).
+func (ep *Endpoint) wakePoller() {
+	select {
+	case ep.kick <- struct{}{}:
+	default:
+	}
+}
