@@ -177,13 +177,16 @@ func (c *Conn) controlLoop() {
 // least every keepalive interval while it has a credit, so silence longer
 // than the timeout while it had one means the peer or the link is gone.
 // (While it has none, because this side holds its messages, silence is
-// this side's doing and does not count.)
+// this side's doing and does not count. Nor does it while the peer may be
+// reading one of this side's rendezvous regions: its messages are behind
+// the RDMA READ in the connection's packet order, and a large read on a
+// slow link outlasts the timeout.)
 func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
 	}
 	peerCredits := c.o.recvDepth + c.granted - c.receivedTotal
-	if peerCredits < 1 {
+	if peerCredits < 1 || len(c.rvSend) > 0 {
 		c.lastRecv = now
 		return nil
 	}

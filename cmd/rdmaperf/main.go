@@ -64,7 +64,7 @@ func main() {
 	out := flag.String("out", "", "with -compare: write BENCHMARKS.md and bench.png here")
 	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, rpc")
 	size := flag.Int("size", 65536, "message size in bytes")
-	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576), instead of -size")
+	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
 	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
 	poll := flag.String("poll", "event", "completion polling: event, busy or hybrid")
@@ -148,7 +148,19 @@ func fatalf(format string, a ...any) {
 	os.Exit(1)
 }
 
+// sweep reads -sizes: MIN:MAX (powers of two) or a comma-separated list.
 func sweep(spec string) []int {
+	if strings.Contains(spec, ",") {
+		var out []int
+		for _, f := range strings.Split(spec, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				fatalf("-sizes %q: want MIN:MAX or a list of sizes", spec)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
 	lo, hi, ok := strings.Cut(spec, ":")
 	a, err1 := strconv.Atoi(lo)
 	b, err2 := strconv.Atoi(hi)

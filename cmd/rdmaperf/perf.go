@@ -302,9 +302,6 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 	op := map[string]endpoint.Op{"send_bw": endpoint.OpSend, "write_bw": endpoint.OpWrite,
 		"read_bw": endpoint.OpRead, "write_imm_bw": endpoint.OpWrite}[cfg.test]
 	batch := min(16, max(1, cfg.depth/2))
-	if op == endpoint.OpRead {
-		batch = min(batch, 8) // reads in flight are bounded by the initiator depth
-	}
 	reqs := make([]endpoint.Request, batch)
 	for i := range reqs {
 		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
