@@ -35,6 +35,7 @@ type config struct {
 	size  int
 	iters int
 	depth int
+	batch int // bandwidth: work requests per post call (perftest's post_list)
 	poll  endpoint.PollMode
 	addr  string
 	// rpc
@@ -67,6 +68,7 @@ func main() {
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
 	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
+	batch := flag.Int("batch", 16, "bandwidth: work requests per post (one doorbell), at most -depth/2")
 	poll := flag.String("poll", "event", "completion polling: event, busy or hybrid")
 	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")
 	callers := flag.Int("callers", 16, "rpc: concurrent callers")
@@ -114,7 +116,7 @@ func main() {
 		list = sweep(*sizes)
 	}
 	for _, s := range list {
-		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, poll: pm, addr: *addr, callers: *callers}
+		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, batch: *batch, poll: pm, addr: *addr, callers: *callers}
 		if cfg.iters == 0 {
 			cfg.iters = defaultIters(cfg.test, s)
 		}

@@ -301,7 +301,7 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 	defer pool.Put(buf)
 	op := map[string]endpoint.Op{"send_bw": endpoint.OpSend, "write_bw": endpoint.OpWrite,
 		"read_bw": endpoint.OpRead, "write_imm_bw": endpoint.OpWrite}[cfg.test]
-	batch := min(16, max(1, cfg.depth/2))
+	batch := max(1, min(cfg.batch, cfg.depth/2))
 	reqs := make([]endpoint.Request, batch)
 	for i := range reqs {
 		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
