@@ -1,6 +1,7 @@
 // Package endpoint is one connected RC queue pair: post sends, receives,
 // RDMA writes and reads, and atomics on it, and receive each work request's
-// context back, exactly once, on the Completions channel.
+// context back, exactly once, on the Completions channel (or from Next,
+// which with busy or hybrid polling polls the CQ in the caller's goroutine).
 //
 // Package cm creates endpoints (Dial, Listener.Accept); this package owns
 // what happens on the queue pair: slot accounting (a post never exceeds the

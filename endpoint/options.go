@@ -16,7 +16,7 @@ const (
 	// (cheapest CPU, highest latency). The default.
 	PollEvent PollMode = iota
 	// PollBusy polls the CQ without sleeping: lowest latency, one core busy
-	// per endpoint while it is open.
+	// per endpoint while it is open (the caller's, while it waits in Next).
 	PollBusy
 	// PollHybrid polls for Config.Spin after the last completion, then sleeps.
 	PollHybrid

@@ -39,7 +39,7 @@ func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
 		sendDepth = max(sendDepth, 512)
 	}
 	return []cm.Option{
-		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, 50*time.Microsecond),
+		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, c.spin),
 		cm.WithSetup(func(ep *endpoint.Endpoint) error {
 			var err error
 			if p.pool, err = bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2)); err != nil {
@@ -485,7 +485,7 @@ func summarize(times []time.Duration, r *result) {
 
 // serveRPC answers echo calls; rpcClient runs cfg.callers callers.
 func serveRPC(ctx context.Context, cfg config) error {
-	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, 50*time.Microsecond)))
+	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, cfg.spin)))
 	if err != nil {
 		return err
 	}
@@ -504,7 +504,7 @@ func serveRPC(ctx context.Context, cfg config) error {
 }
 
 func rpcClient(ctx context.Context, cfg config) (result, error) {
-	cl, err := msg.DialClient(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, 50*time.Microsecond)))
+	cl, err := msg.DialClient(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, cfg.spin)))
 	if err != nil {
 		return result{}, err
 	}
