@@ -230,8 +230,8 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 		}
 	}
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`bin/rxevm -w . bin/rdmaperf -compare -out .`) on %s.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`bin/rxevm -w . bin/rdmaperf -compare -repeat %d -out .`) on %s.\n\n",
+		repeat, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "Machine: %s; guest kernel %s, %d vCPUs (%s), Soft-RoCE rxe0 on dummy0 (loopback inside one guest). "+
 		"perftest and rdmaperf ran in turn in the same guest boot, each as a server and a client process over rdma_cm. "+
 		"Absolute figures under TCG emulation mean little; compare the ratios.\n\n",
@@ -259,17 +259,28 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 const readingTheTable = `
 ## Reading the table
 
-- Event polling (the default) pays a sleep and a wake-up on the completion channel for every
-  completion that finds the goroutine asleep: in ping-pong latency that is every message, so it
-  is many times perftest's busy loop at small sizes. Use busy or hybrid polling for latency.
-- Busy polling at small sizes is about 2-3x perftest. A CPU profile of ` + "`rdmaperf -test send_lat -size 64 -poll busy -cpuprofile`" + `
-  (2.2 s sampled) shows where: about 31% in cgo calls (most of them polling an empty CQ: each
-  crossing costs far more under emulation than perftest's inline poll), about 20% reading the
-  clock, and about 40% (cumulative) in the scheduler handing each completion from the
-  completion goroutine to the delivery goroutine to the caller. What would close it: a poll that
-  runs in the caller's goroutine (no hand-offs), and peeking at the CQ ring in shared memory
-  before crossing into C.
-- Send bandwidth at small sizes is bound by the receiving side, which reposts each receive
-  after its completion has crossed the same goroutine hand-offs; writes and reads, which the
-  receiver's CPU does not see, are close to perftest. Large messages are bound by rxe itself.
+- Latency with busy and hybrid polling waits in ` + "`Endpoint.Next`" + `, which polls the CQ in the
+  caller's goroutine: no goroutine hand-off between the completion and the caller. At 64 B it
+  is still 1.5-1.9x perftest. The same verbs in a 70-line C program (not in the repository)
+  over the same rdma_cm path (post a receive, post an inline send, spin on ibv_poll_cq)
+  measured a median of 13.4-14.1 µs one way, perftest's figure, so the rest is this library's
+  own path, not the device: each cgo crossing costs about 0.4 µs under emulation (20 ns on the
+  host), and a post is a mutex, the slot table, a C work-request array and a crossing. A CPU
+  profile (` + "`rdmaperf -test send_lat -size 64 -poll busy -cpuprofile`" + `) is more than half
+  ` + "`runtime.cgocall`" + ` (the polls themselves included). What would close more of it: fewer
+  crossings per message (one C call that posts the receive and the send together; polling
+  that reads the provider's CQ ring without a crossing, which ties the code to one provider).
+- Event polling (the default) pays a sleep and a wake-up for every completion that finds the
+  completion goroutine asleep: in ping-pong latency that is every message (a wake-up costs
+  hundreds of µs under TCG). write_lat waits for each write's completion, as ib_write_lat does,
+  so it pays that too.
+- Bandwidth at 1 MiB is at perftest's (0.98-1.03x with event polling): rxe's copying is the
+  bound. At 64 KiB it is 0.83-0.91x; busy polling is lower than event polling at 4 KiB and up
+  because, with two vCPUs, a second spinning process takes the CPU rxe's kernel work needs.
+  Not closed.
+- Send message rate at 64 B (0.43x event, 0.70x busy) is bound by the receiver, which takes
+  each receive's completion and reposts it through the same path as above; RDMA write and
+  read, which the receiver's CPU never sees, are at 0.80-1.50x.
+- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 13.1-21.6 µs over
+  this day's runs), hence the medians of alternating runs; compare ratios within one table.
 `
