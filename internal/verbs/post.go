@@ -113,7 +113,7 @@ func (b *SendBatch) Post(id *CMID) error {
 	if n == 0 {
 		return nil
 	}
-	if ret := C.go_post_send_u(cptr(id.p.qp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
+	if ret := C.go_post_send(cptr(id.p.qp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
 		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_send", ret)}
 	}
 	return nil
@@ -185,7 +185,7 @@ func (b *RecvBatch) Post(id *CMID, srq *SRQ) error {
 	} else {
 		qp = id.p.qp
 	}
-	if ret := C.go_post_recv_u(cptr(qp), cptr(srqp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
+	if ret := C.go_post_recv(cptr(qp), cptr(srqp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
 		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
 	return nil

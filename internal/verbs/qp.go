@@ -212,7 +212,7 @@ type WC struct {
 // Poll polls up to the CQ's batch size into its reused C array and returns
 // how many completions it holds; read them with At. No allocation.
 func (cq *CQ) Poll() (int, error) {
-	n := C.go_poll_cq_u(cptr(cq.p), C.int(cq.n), cptr(cq.wcs))
+	n := C.go_poll_cq(cptr(cq.p), C.int(cq.n), cptr(cq.wcs))
 	if n < 0 {
 		return 0, retErrno("ibv_poll_cq", n)
 	}

@@ -3,8 +3,10 @@
 #include <arpa/inet.h>
 #include "shim.h"
 
-int go_poll_cq(struct ibv_cq *cq, int n, struct go_wc *out)
+int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr)
 {
+	struct ibv_cq *cq = (struct ibv_cq *)cq_addr;
+	struct go_wc *out = (struct go_wc *)out_addr;
 	struct ibv_wc wc[64];
 	int total = 0;
 	while (total < n) {
@@ -30,9 +32,14 @@ int go_poll_cq(struct ibv_cq *cq, int n, struct go_wc *out)
 	return total;
 }
 
-int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sge *sge,
-		 struct ibv_send_wr *scratch, int *bad)
+int go_post_send(uintptr_t qp_addr, uintptr_t wrs_addr, int n, uintptr_t sge_addr, uintptr_t scratch_addr,
+		 uintptr_t bad_addr)
 {
+	struct ibv_qp *qp = (struct ibv_qp *)qp_addr;
+	struct go_send_wr *wrs = (struct go_send_wr *)wrs_addr;
+	struct ibv_sge *sge = (struct ibv_sge *)sge_addr;
+	struct ibv_send_wr *scratch = (struct ibv_send_wr *)scratch_addr;
+	int *bad = (int *)bad_addr;
 	struct ibv_send_wr *bad_wr = NULL;
 	for (int i = 0; i < n; i++) {
 		struct ibv_send_wr *w = &scratch[i];
@@ -70,9 +77,15 @@ int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sg
 	return ret;
 }
 
-int go_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, struct go_recv_wr *wrs, int n,
-		 struct ibv_sge *sge, struct ibv_recv_wr *scratch, int *bad)
+int go_post_recv(uintptr_t qp_addr, uintptr_t srq_addr, uintptr_t wrs_addr, int n, uintptr_t sge_addr,
+		 uintptr_t scratch_addr, uintptr_t bad_addr)
 {
+	struct ibv_qp *qp = (struct ibv_qp *)qp_addr;
+	struct ibv_srq *srq = (struct ibv_srq *)srq_addr;
+	struct go_recv_wr *wrs = (struct go_recv_wr *)wrs_addr;
+	struct ibv_sge *sge = (struct ibv_sge *)sge_addr;
+	struct ibv_recv_wr *scratch = (struct ibv_recv_wr *)scratch_addr;
+	int *bad = (int *)bad_addr;
 	struct ibv_recv_wr *bad_wr = NULL;
 	for (int i = 0; i < n; i++) {
 		struct ibv_recv_wr *w = &scratch[i];

@@ -44,37 +44,18 @@ struct go_recv_wr {
 	uint32_t num_sge;
 };
 
-int go_poll_cq(struct ibv_cq *cq, int n, struct go_wc *out);
+// The hot calls (poll, post send, post receive) take their C pointers as
+// integers: cgo checks every pointer argument for Go memory on each call,
+// which costs more than the poll itself under emulation. Every one of them
+// points to C memory.
+int go_poll_cq(uintptr_t cq, int n, uintptr_t out);
 // go_post_send links n requests (using scratch, n ibv_send_wr in C memory)
 // and posts them in one ibv_post_send. On failure *bad is the index of the
 // first request not posted.
-int go_post_send(struct ibv_qp *qp, struct go_send_wr *wrs, int n, struct ibv_sge *sge,
-		 struct ibv_send_wr *scratch, int *bad);
-int go_post_recv(struct ibv_qp *qp, struct ibv_srq *srq, struct go_recv_wr *wrs, int n,
-		 struct ibv_sge *sge, struct ibv_recv_wr *scratch, int *bad);
+int go_post_send(uintptr_t qp, uintptr_t wrs, int n, uintptr_t sge, uintptr_t scratch, uintptr_t bad);
+int go_post_recv(uintptr_t qp, uintptr_t srq, uintptr_t wrs, int n, uintptr_t sge, uintptr_t scratch,
+		 uintptr_t bad);
 int go_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int go_get_cq_event(struct ibv_comp_channel *ch);
-
-// The hot calls again, with C pointers passed as integers: cgo checks every
-// pointer argument for Go memory on each call, which costs more than the
-// poll itself under emulation. These pointers all point to C memory.
-static inline int go_poll_cq_u(uintptr_t cq, int n, uintptr_t out)
-{
-	return go_poll_cq((struct ibv_cq *)cq, n, (struct go_wc *)out);
-}
-
-static inline int go_post_send_u(uintptr_t qp, uintptr_t wrs, int n, uintptr_t sge, uintptr_t scratch,
-				 uintptr_t bad)
-{
-	return go_post_send((struct ibv_qp *)qp, (struct go_send_wr *)wrs, n, (struct ibv_sge *)sge,
-			    (struct ibv_send_wr *)scratch, (int *)bad);
-}
-
-static inline int go_post_recv_u(uintptr_t qp, uintptr_t srq, uintptr_t wrs, int n, uintptr_t sge,
-				 uintptr_t scratch, uintptr_t bad)
-{
-	return go_post_recv((struct ibv_qp *)qp, (struct ibv_srq *)srq, (struct go_recv_wr *)wrs, n,
-			    (struct ibv_sge *)sge, (struct ibv_recv_wr *)scratch, (int *)bad);
-}
 
 #endif
