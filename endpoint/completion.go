@@ -25,11 +25,7 @@ func (ep *Endpoint) pollLoop() {
 	var closeDeadline time.Time
 	lastWork := time.Now()
 	for {
-		n, err := ep.poll()
-		if err != nil {
-			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
-			ep.markClosing()
-		}
+		n := ep.poll()
 		if n > 0 && ep.cfg.Poll == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
 			lastWork = time.Now()
 		}
@@ -60,7 +56,7 @@ func (ep *Endpoint) pollLoop() {
 		if err := ep.cq.ReqNotify(false); err != nil {
 			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
 		}
-		if n, _ := ep.poll(); n > 0 {
+		if n := ep.poll(); n > 0 {
 			if ep.cfg.Poll == PollHybrid {
 				lastWork = time.Now()
 			}
@@ -110,16 +106,24 @@ func (ep *Endpoint) closingState() (bool, int) {
 	return ep.closing, ep.sends.inUse() + ep.recvs.inUse()
 }
 
-// poll drains the CQ unless it is destroyed. The completion goroutine and
-// callers of Next both poll; pollMu keeps them off the CQ (and its reused
-// completion array) at the same time.
-func (ep *Endpoint) poll() (int, error) {
+// poll drains the CQ unless it is destroyed and returns how many work
+// completions it found. The completion goroutine and callers of Next both
+// poll; pollMu keeps them off the CQ (and its reused completion array) at
+// the same time. A failing CQ closes the endpoint.
+func (ep *Endpoint) poll() int {
 	ep.pollMu.Lock()
-	defer ep.pollMu.Unlock()
-	if ep.cqGone {
-		return 0, nil
+	var n int
+	var err error
+	if !ep.cqGone {
+		n, err = ep.drain()
 	}
-	return ep.drain()
+	ep.pollMu.Unlock()
+	if err != nil {
+		ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
+		ep.markClosing()
+		ep.wakePoller()
+	}
+	return n
 }
 
 // drain polls the CQ until it is empty and queues a Completion for every

@@ -32,8 +32,8 @@ const spinCheckEvery = 64
 // While callers poll in Next, the completion goroutine stands aside (it
 // looks again after 1 ms, backing off to every 16 ms while Next is still
 // called), so a completion nobody waits for in Next can reach Completions
-// up to 16 ms later. With PollEvent, Next
-// is a receive from Completions that honours ctx.
+// up to 16 ms later. With PollEvent, Next is a receive from Completions
+// that honours ctx.
 //
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
@@ -80,11 +80,7 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 		start = time.Now()
 	}
 	for i := 1; ; i++ {
-		if _, err := ep.poll(); err != nil {
-			ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
-			ep.markClosing()
-			ep.wakePoller()
-		}
+		ep.poll()
 		select {
 		case c, ok := <-ep.queue.out:
 			c, err = delivered(c, ok)
