@@ -32,12 +32,6 @@ type peer struct {
 
 func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
 	sendDepth := c.depth + 1
-	if c.test == "write_lat" {
-		// Soft-RoCE asks for an ACK only every 128 packets
-		// (RXE_MAX_UNACKED_PSNS), so a write's completion can trail it by
-		// that many: leave room for them in flight.
-		sendDepth = max(sendDepth, 512)
-	}
 	return []cm.Option{
 		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, c.spin),
 		cm.WithSetup(func(ep *endpoint.Endpoint) error {
@@ -326,11 +320,7 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 			posted += n
 			inflight += n
 		}
-		c, err := p.ep.Next(ctx)
-		if err == nil {
-			err = c.Err
-		}
-		if err != nil {
+		if _, err := nextOK(ctx, p.ep); err != nil {
 			return err
 		}
 		inflight--
@@ -356,10 +346,7 @@ func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r 
 	defer pool.Put(rb)
 	next := func(want endpoint.Op) error {
 		for {
-			c, err := p.ep.Next(ctx)
-			if err == nil {
-				err = c.Err
-			}
+			c, err := nextOK(ctx, p.ep)
 			if err != nil || c.Op == want {
 				return err
 			}
@@ -393,13 +380,11 @@ func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r 
 		}
 	}
 	stamps = append(stamps, time.Now())
-	times := make([]time.Duration, cfg.iters)
-	for i := range times {
-		times[i] = stamps[i+1].Sub(stamps[i])
-		if cfg.test == "send_lat" {
-			times[i] /= 2 // half the round trip
-		}
+	div := 1
+	if cfg.test == "send_lat" {
+		div = 2 // half the round trip
 	}
+	times := gaps(stamps, div)
 	summarize(times, r)
 	return nil
 }
@@ -446,11 +431,7 @@ func writeLatency(ctx context.Context, p *peer, cfg config, client bool, region 
 		if err := p.ep.PostWrite(nil, b, size, remote); err != nil {
 			return err
 		}
-		c, err := p.ep.Next(ctx)
-		if err == nil {
-			err = c.Err
-		}
-		if err != nil {
+		if _, err := nextOK(ctx, p.ep); err != nil {
 			return err
 		}
 		if client {
@@ -461,15 +442,30 @@ func writeLatency(ctx context.Context, p *peer, cfg config, client bool, region 
 	}
 	if client {
 		stamps = append(stamps, time.Now())
-		times := make([]time.Duration, cfg.iters)
-		for i := range times {
-			times[i] = stamps[i+1].Sub(stamps[i]) / 2
-		}
-		summarize(times, r)
+		summarize(gaps(stamps, 2), r) // half the round trip
 	} else {
 		<-p.ep.Done()
 	}
 	return nil
+}
+
+// nextOK waits for ep's next completion; a failed one is an error.
+func nextOK(ctx context.Context, ep *endpoint.Endpoint) (endpoint.Completion, error) {
+	c, err := ep.Next(ctx)
+	if err == nil {
+		err = c.Err
+	}
+	return c, err
+}
+
+// gaps turns clock stamps into the time between each and the next,
+// divided by div.
+func gaps(stamps []time.Time, div int) []time.Duration {
+	times := make([]time.Duration, len(stamps)-1)
+	for i := range times {
+		times[i] = stamps[i+1].Sub(stamps[i]) / time.Duration(div)
+	}
+	return times
 }
 
 func summarize(times []time.Duration, r *result) {
