@@ -111,11 +111,21 @@ func (ep *Endpoint) closingState() (bool, int) {
 // poll; pollMu keeps them off the CQ (and its reused completion array) at
 // the same time. A failing CQ closes the endpoint.
 func (ep *Endpoint) poll() int {
+	n, _, _ := ep.pollFor(false)
+	return n
+}
+
+// pollFor is poll for a caller of Next (want): when nothing precedes the
+// first new completion in the stream, it is returned (handed) instead of
+// going to the channel, which spares the caller a channel round trip.
+func (ep *Endpoint) pollFor(want bool) (n int, c Completion, handed bool) {
 	ep.pollMu.Lock()
-	var n int
 	var err error
 	if !ep.cqGone {
-		n, err = ep.drain()
+		n, handed, err = ep.drain(want)
+		if handed {
+			c, ep.queue.handOff = ep.queue.handOff, Completion{}
+		}
 	}
 	ep.pollMu.Unlock()
 	if err != nil {
@@ -123,33 +133,38 @@ func (ep *Endpoint) poll() int {
 		ep.markClosing()
 		ep.wakePoller()
 	}
-	return n
+	return n, c, handed
 }
 
-// drain polls the CQ until it is empty and queues a Completion for every
-// work request that finished, including the unsignaled sends a signaled
-// completion stands for. pollMu is held.
-func (ep *Endpoint) drain() (int, error) {
-	total := 0
+// drain polls the CQ until it finds it empty and queues a Completion for
+// every work request that finished, including the unsignaled sends a
+// signaled completion stands for; with want, the first of them goes to
+// queue.handOff when it can (handed). pollMu is held.
+func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
 	for {
 		n, err := ep.cq.Poll()
-		if err != nil {
-			return total, err
-		}
-		if n == 0 {
-			return total, nil
+		if err != nil || n == 0 {
+			return total, handed, err
 		}
 		total += n
 		ep.mu.Lock()
 		ep.queue.mu.Lock()
+		ep.queue.handWanted = want && !handed
 		for i := range n {
 			ep.complete(ep.cq.At(i))
 		}
+		handed = handed || want && !ep.queue.handWanted
+		ep.queue.handWanted = false
 		notify := len(ep.queue.items) > 0
 		ep.queue.mu.Unlock()
 		ep.mu.Unlock()
 		if notify {
 			ep.queue.notify()
+		}
+		if n < ep.cq.Batch() {
+			// The CQ was empty after these: another poll now would
+			// most likely find nothing, and it costs a cgo call.
+			return total, handed, nil
 		}
 	}
 }
@@ -249,6 +264,11 @@ type completionQueue struct {
 	mu         sync.Mutex
 	items      []Completion
 	delivering bool // the delivery goroutine holds a batch not yet sent
+	// While a caller of Next polls (handWanted), emit puts a completion
+	// nothing precedes in handOff instead of the channel and clears
+	// handWanted. handOff belongs to the holder of Endpoint.pollMu.
+	handWanted bool
+	handOff    Completion
 	closed     bool
 	wake       chan struct{}
 }
@@ -261,6 +281,12 @@ func (q *completionQueue) init(capacity int) {
 // emit delivers c in order; q.mu is held.
 func (q *completionQueue) emit(c Completion) {
 	if len(q.items) == 0 && !q.delivering {
+		// The channel's length only shrinks outside q.mu: when it is
+		// empty here, nothing comes before c.
+		if q.handWanted && len(q.out) == 0 {
+			q.handOff, q.handWanted = c, false
+			return
+		}
 		select {
 		case q.out <- c:
 			return

@@ -16,10 +16,17 @@ const (
 	maxAside = 16 * time.Millisecond
 )
 
-// spinCheckEvery: a spinning Next checks its context, its spin time and
-// yields the processor once per this many polls (each check costs more
-// than a poll under emulation).
-const spinCheckEvery = 64
+// A spinning Next checks its context, its spin time and the channel (for
+// its close) once per spinCheckEvery polls: each check costs more than a
+// poll under emulation. It yields the processor once per yieldEvery polls,
+// so that other goroutines run even with GOMAXPROCS=1; not more often,
+// because each runtime.Gosched also wakes an idle thread to look for work,
+// which on a small machine takes the CPU from the device's own (rxe runs in
+// the kernel) and bounces the spinning goroutine between threads.
+const (
+	spinCheckEvery = 64
+	yieldEvery     = 1024
+)
 
 // Next waits for the next completion of the stream Completions delivers
 // (each completion goes to one reader: Next or the channel).
@@ -80,12 +87,18 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 		start = time.Now()
 	}
 	for i := 1; ; i++ {
-		ep.poll()
-		select {
-		case c, ok := <-ep.queue.out:
-			c, err = delivered(c, ok)
-			return c, true, err
-		default:
+		if _, c, handed := ep.pollFor(true); handed {
+			return c, true, nil
+		}
+		// Completions reach the channel when another goroutine polled;
+		// a closed channel has no length, hence the periodic look.
+		if len(ep.queue.out) > 0 || i%spinCheckEvery == 0 {
+			select {
+			case c, ok := <-ep.queue.out:
+				c, err = delivered(c, ok)
+				return c, true, err
+			default:
+			}
 		}
 		if i%spinCheckEvery == 0 {
 			if err := ctx.Err(); err != nil {
@@ -94,6 +107,8 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 			if ep.cfg.Poll == PollHybrid && time.Since(start) > ep.cfg.Spin {
 				return Completion{}, false, nil
 			}
+		}
+		if i%yieldEvery == 0 {
 			runtime.Gosched()
 		}
 	}

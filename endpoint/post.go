@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -172,21 +173,21 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 		ep.sendBatch.Add(&verbs.SendWR{WRID: uint64(idx), Opcode: wrOpcode(r), Flags: flags,
 			Imm: r.Imm, RemoteAddr: r.Remote.Addr, RKey: r.Remote.RKey, CompareAdd: r.Compare, Swap: r.Swap, SGE: sg})
 	}
-	if nrecv > 0 {
-		if err := ep.recvBatch.Post(ep.id, nil); err != nil {
-			ep.unpost(recvIdx, failedIndex(err), true)
-			ep.sendBatch.Reset()
+	// Receives first: a send in the same batch may be answered at once.
+	err := verbs.Post(ep.id, nil, ep.recvBatch, ep.sendBatch)
+	if err == nil {
+		return nil
+	}
+	var pe *verbs.PostError
+	if errors.As(err, &pe) {
+		if pe.Recv {
+			ep.unpost(recvIdx, pe.Index, true)
 			ep.unpost(sendIdx, 0, false)
-			return err
+		} else {
+			ep.unpost(sendIdx, pe.Index, false)
 		}
 	}
-	if nsend > 0 {
-		if err := ep.sendBatch.Post(ep.id); err != nil {
-			ep.unpost(sendIdx, failedIndex(err), false)
-			return err
-		}
-	}
-	return nil
+	return err
 }
 
 // check refuses a request before anything is posted.
@@ -333,11 +334,4 @@ func (ep *Endpoint) unpost(taken []uint32, from int, recv bool) {
 	if !recv {
 		ep.sendFIFO.dropNewest(len(taken) - from)
 	}
-}
-
-func failedIndex(err error) int {
-	if pe, ok := err.(*verbs.PostError); ok {
-		return pe.Index
-	}
-	return 0
 }

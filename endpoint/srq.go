@@ -66,7 +66,7 @@ func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
 	r := Request{Op: OpRecv, Context: wrContext, Buffer: b, Length: b.Len()}
 	idx := s.slots.take(&r)
 	s.batch.Add(&verbs.RecvWR{WRID: srqBit | uint64(idx), SGE: []verbs.SGE{{Addr: seg.Addr, Len: seg.Len, LKey: seg.LKey}}})
-	if err := s.batch.Post(nil, s.srq); err != nil {
+	if err := verbs.Post(nil, s.srq, s.batch, nil); err != nil {
 		s.slots.release(idx)
 		return err
 	}

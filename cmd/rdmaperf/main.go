@@ -154,9 +154,10 @@ func fatalf(format string, a ...any) {
 	os.Exit(1)
 }
 
-// sweep reads -sizes: MIN:MAX (powers of two) or a comma-separated list.
+// sweep reads -sizes: MIN:MAX (powers of two), a comma-separated list, or
+// one size.
 func sweep(spec string) []int {
-	if strings.Contains(spec, ",") {
+	if !strings.Contains(spec, ":") { // a list, or one size
 		var out []int
 		for _, f := range strings.Split(spec, ",") {
 			n, err := strconv.Atoi(f)

@@ -109,6 +109,13 @@ func serve(ctx context.Context, cfg config) error {
 	}
 	defer l.Close()
 	fmt.Println("ready")
+	switch cfg.test {
+	case "write_bw", "read_bw", "read_lat":
+		// The passive side of a one-sided test has nothing to poll for
+		// (perftest's sleeps): spinning would only take a CPU from the
+		// client and from rxe's work in the kernel.
+		cfg.poll = endpoint.PollEvent
+	}
 	var p peer
 	p.ep, err = l.Accept(ctx, cfg.cmOptions(&p, serverRecvs+1)...)
 	if err != nil {
@@ -159,12 +166,16 @@ func serve(ctx context.Context, cfg config) error {
 // are reposted in batches; with echo (send_lat) each has its own buffer
 // and every message is answered with one of the same size.
 type receiver struct {
-	p      *peer
-	pool   *bufpool.Pool
-	size   int
-	reply  *bufpool.Buffer // echo only
-	repost []endpoint.Request
+	p     *peer
+	pool  *bufpool.Pool
+	size  int
+	reply *bufpool.Buffer // echo only
+	batch []endpoint.Request
 }
+
+// echoBatch bounds the replies posted in one call (the send queue is
+// cfg.depth+1 deep).
+const echoBatch = 32
 
 // postReceives posts the first serverRecvs receives.
 func postReceives(p *peer, size int, echo bool) (*receiver, error) {
@@ -176,7 +187,7 @@ func postReceives(p *peer, size int, echo bool) (*receiver, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &receiver{p: p, pool: pool, size: size, repost: make([]endpoint.Request, 0, serverRecvs)}
+	r := &receiver{p: p, pool: pool, size: size, batch: make([]endpoint.Request, 0, serverRecvs)}
 	shared, _ := pool.TryGet()
 	if echo {
 		r.reply = shared
@@ -186,36 +197,42 @@ func postReceives(p *peer, size int, echo bool) (*receiver, error) {
 		if echo {
 			b, _ = pool.TryGet()
 		}
-		r.repost = append(r.repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: b, Length: size})
+		r.batch = append(r.batch, endpoint.Request{Op: endpoint.OpRecv, Buffer: b, Length: size})
 	}
-	if err := p.ep.PostBatch(r.repost); err != nil {
+	if err := p.ep.PostBatch(r.batch); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return r, nil
 }
 
-// serve answers (echo) and reposts until the client leaves.
+// serve answers (echo) and reposts until the client leaves. What is ready
+// goes back in one call: the receives reposted, then the replies.
 func (r *receiver) serve(ctx context.Context) error {
 	ep := r.p.ep
 	ctx, cancel := untilDone(ctx, ep) // the client left: close drains the rest
 	defer cancel()
+	limit := cap(r.batch)
+	var reply endpoint.Request
+	if r.reply != nil {
+		limit = 2 * echoBatch
+		reply = *(&endpoint.Request{Op: endpoint.OpSend, Buffer: r.reply}).Apply(endpoint.Unsignaled())
+	}
 	for {
-		repost := r.repost[:0]
+		batch := r.batch[:0]
 		c, err := ep.Next(ctx)
 		if err != nil {
 			return nil
 		}
-		for { // take what else is ready, to repost in one call
+		for { // take what else is ready
 			if c.Err == nil && (c.Op == endpoint.OpRecv || c.Op == endpoint.OpRecvWriteImm) {
+				batch = append(batch, endpoint.Request{Op: endpoint.OpRecv, Buffer: c.Buffer, Length: r.size})
 				if r.reply != nil {
-					if err := ep.PostSend(nil, r.reply, c.Len, endpoint.Unsignaled()); err != nil {
-						return err
-					}
+					reply.Length = c.Len
+					batch = append(batch, reply)
 				}
-				repost = append(repost, endpoint.Request{Op: endpoint.OpRecv, Buffer: c.Buffer, Length: r.size})
 			}
-			if len(repost) == cap(repost) {
+			if len(batch)+2 > limit {
 				break
 			}
 			select {
@@ -225,7 +242,7 @@ func (r *receiver) serve(ctx context.Context) error {
 			}
 			break
 		}
-		if err := ep.PostBatch(repost); err != nil && !errors.Is(err, endpoint.ErrClosed) {
+		if err := ep.PostBatch(batch); err != nil && !errors.Is(err, endpoint.ErrClosed) {
 			return err
 		}
 	}
@@ -355,6 +372,13 @@ func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r 
 	// One clock read per iteration, as perftest stamps each post: an
 	// iteration's time is the gap to the next stamp (reading the clock
 	// costs microseconds under emulation; twice would count it twice).
+	// The pong's receive and the ping go in one call (one crossing into
+	// C). The send is unsignaled, as ib_send_lat's: its context comes back
+	// with a later signaled one, off the timed path.
+	pingPong := []endpoint.Request{
+		{Op: endpoint.OpRecv, Context: "pong", Buffer: rb, Length: rb.Len()},
+		*(&endpoint.Request{Op: endpoint.OpSend, Buffer: sb, Length: cfg.size}).Apply(endpoint.Unsignaled()),
+	}
 	stamps := make([]time.Time, 0, cfg.iters+1)
 	for range cfg.iters {
 		stamps = append(stamps, time.Now())
@@ -367,12 +391,7 @@ func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r 
 			}
 			continue
 		}
-		if err := p.ep.PostRecv("pong", rb); err != nil {
-			return err
-		}
-		// Unsignaled, as ib_send_lat's sends: the send's context comes
-		// back with a later signaled one, off the timed path.
-		if err := p.ep.PostSend(nil, sb, cfg.size, endpoint.Unsignaled()); err != nil {
+		if err := p.ep.PostBatch(pingPong); err != nil {
 			return err
 		}
 		if err := next(endpoint.OpRecv); err != nil {

@@ -44,161 +44,149 @@ var ErrBatchFull = errors.New("verbs: work request batch is full")
 
 // PostError says which work request of a batch the device refused; those
 // before it were posted and will complete, it and those after were not.
+// When Recv is true the receives failed and no send was posted.
 type PostError struct {
+	Recv  bool
 	Index int
 	Err   error
 }
 
 // Error names the refused request.
-func (e *PostError) Error() string { return fmt.Sprintf("work request %d: %v", e.Index, e.Err) }
+func (e *PostError) Error() string {
+	kind := "send"
+	if e.Recv {
+		kind = "receive"
+	}
+	return fmt.Sprintf("%s work request %d: %v", kind, e.Index, e.Err)
+}
 
 // Unwrap is the device's errno.
 func (e *PostError) Unwrap() error { return e.Err }
 
-// SendBatch is a reusable C-memory array of send work requests, posted with
-// one ibv_post_send. It is not safe for concurrent use.
-type SendBatch struct {
-	wrs     *C.struct_go_send_wr
-	sges    *C.struct_ibv_sge
-	scratch *C.struct_ibv_send_wr
-	bad     *C.int
-	maxWR   int
-	maxSGE  int
-	n, nsge int
+// batch is the C memory of a batch of work requests (struct go_batch and
+// its arrays) and how full it is. It is not safe for concurrent use.
+type batch struct {
+	c             *C.struct_go_batch
+	maxWR, maxSGE int
+	n, nsge       int
 }
 
-// NewSendBatch allocates room for maxWR requests with maxSGE entries in all.
-func NewSendBatch(maxWR, maxSGE int) *SendBatch {
-	return &SendBatch{
-		wrs:     (*C.struct_go_send_wr)(C.calloc(C.size_t(maxWR), C.sizeof_struct_go_send_wr)),
-		sges:    (*C.struct_ibv_sge)(C.calloc(C.size_t(maxSGE), C.sizeof_struct_ibv_sge)),
-		scratch: (*C.struct_ibv_send_wr)(C.calloc(C.size_t(maxWR), C.sizeof_struct_ibv_send_wr)),
-		bad:     (*C.int)(C.calloc(1, C.sizeof_int)),
-		maxWR:   maxWR, maxSGE: maxSGE,
+func newBatch(maxWR, maxSGE int, wrSize, linkedSize C.size_t) batch {
+	c := (*C.struct_go_batch)(C.calloc(1, C.sizeof_struct_go_batch))
+	c.wrs = C.calloc(C.size_t(maxWR), wrSize)
+	c.sge = (*C.struct_ibv_sge)(C.calloc(C.size_t(maxSGE), C.sizeof_struct_ibv_sge))
+	c.scratch = C.calloc(C.size_t(maxWR), linkedSize)
+	return batch{c: c, maxWR: maxWR, maxSGE: maxSGE}
+}
+
+// add reserves room for one request with sges and copies them; it returns
+// the request's index and its first entry's.
+func (b *batch) add(sges []SGE) (wr, first int, err error) {
+	if b.n == b.maxWR || b.nsge+len(sges) > b.maxSGE {
+		return 0, 0, ErrBatchFull
 	}
+	dst := unsafe.Slice(b.c.sge, b.maxSGE)
+	for i, s := range sges {
+		dst[b.nsge+i] = C.struct_ibv_sge{addr: C.uint64_t(s.Addr), length: C.uint32_t(s.Len), lkey: C.uint32_t(s.LKey)}
+	}
+	wr, first = b.n, b.nsge
+	b.n++
+	b.nsge += len(sges)
+	return wr, first, nil
 }
 
 // Len is the number of requests added since the last Reset.
-func (b *SendBatch) Len() int { return b.n }
-
-// Add appends a request.
-func (b *SendBatch) Add(wr *SendWR) error {
-	if b.n == b.maxWR || b.nsge+len(wr.SGE) > b.maxSGE {
-		return ErrBatchFull
-	}
-	sges := unsafe.Slice(b.sges, b.maxSGE)
-	for i, s := range wr.SGE {
-		sges[b.nsge+i] = C.struct_ibv_sge{addr: C.uint64_t(s.Addr), length: C.uint32_t(s.Len), lkey: C.uint32_t(s.LKey)}
-	}
-	w := &unsafe.Slice(b.wrs, b.maxWR)[b.n]
-	*w = C.struct_go_send_wr{
-		wr_id: C.uint64_t(wr.WRID), remote_addr: C.uint64_t(wr.RemoteAddr),
-		compare_add: C.uint64_t(wr.CompareAdd), swap: C.uint64_t(wr.Swap),
-		rkey: C.uint32_t(wr.RKey), opcode: C.uint32_t(wr.Opcode), send_flags: C.uint32_t(wr.Flags),
-		imm: C.uint32_t(wr.Imm), sge_first: C.uint32_t(b.nsge), num_sge: C.uint32_t(len(wr.SGE)),
-	}
-	b.n++
-	b.nsge += len(wr.SGE)
-	return nil
-}
+func (b *batch) Len() int { return b.n }
 
 // Reset empties the batch.
-func (b *SendBatch) Reset() { b.n, b.nsge = 0, 0 }
+func (b *batch) Reset() { b.n, b.nsge = 0, 0 }
 
-// Post posts the batch on the id's QP in one ibv_post_send and empties it.
-// On failure the error is a *PostError naming the first request not posted.
-func (b *SendBatch) Post(id *CMID) error {
-	n := b.n
+// seal hands the count to C and empties the batch for the next one.
+func (b *batch) seal() {
+	b.c.n = C.int(b.n)
 	b.Reset()
-	if n == 0 {
-		return nil
-	}
-	if ret := C.go_post_send(cptr(id.p.qp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
-		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_send", ret)}
-	}
-	return nil
 }
 
 // Free releases the batch's C memory.
-func (b *SendBatch) Free() {
-	C.free(unsafe.Pointer(b.wrs))
-	C.free(unsafe.Pointer(b.sges))
-	C.free(unsafe.Pointer(b.scratch))
-	C.free(unsafe.Pointer(b.bad))
+func (b *batch) Free() {
+	C.free(b.c.wrs)
+	C.free(unsafe.Pointer(b.c.sge))
+	C.free(b.c.scratch)
+	C.free(unsafe.Pointer(b.c))
+}
+
+// SendBatch is a reusable C-memory array of send work requests.
+type SendBatch struct{ batch }
+
+// NewSendBatch allocates room for maxWR requests with maxSGE entries in all.
+func NewSendBatch(maxWR, maxSGE int) *SendBatch {
+	return &SendBatch{newBatch(maxWR, maxSGE, C.sizeof_struct_go_send_wr, C.sizeof_struct_ibv_send_wr)}
+}
+
+// Add appends a request.
+func (b *SendBatch) Add(wr *SendWR) error {
+	i, first, err := b.add(wr.SGE)
+	if err != nil {
+		return err
+	}
+	unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.maxWR)[i] = C.struct_go_send_wr{
+		wr_id: C.uint64_t(wr.WRID), remote_addr: C.uint64_t(wr.RemoteAddr),
+		compare_add: C.uint64_t(wr.CompareAdd), swap: C.uint64_t(wr.Swap),
+		rkey: C.uint32_t(wr.RKey), opcode: C.uint32_t(wr.Opcode), send_flags: C.uint32_t(wr.Flags),
+		imm: C.uint32_t(wr.Imm), sge_first: C.uint32_t(first), num_sge: C.uint32_t(len(wr.SGE)),
+	}
+	return nil
 }
 
 // RecvBatch is a reusable C-memory array of receive work requests.
-type RecvBatch struct {
-	wrs     *C.struct_go_recv_wr
-	sges    *C.struct_ibv_sge
-	scratch *C.struct_ibv_recv_wr
-	bad     *C.int
-	maxWR   int
-	maxSGE  int
-	n, nsge int
-}
+type RecvBatch struct{ batch }
 
 // NewRecvBatch allocates room for maxWR requests with maxSGE entries in all.
 func NewRecvBatch(maxWR, maxSGE int) *RecvBatch {
-	return &RecvBatch{
-		wrs:     (*C.struct_go_recv_wr)(C.calloc(C.size_t(maxWR), C.sizeof_struct_go_recv_wr)),
-		sges:    (*C.struct_ibv_sge)(C.calloc(C.size_t(maxSGE), C.sizeof_struct_ibv_sge)),
-		scratch: (*C.struct_ibv_recv_wr)(C.calloc(C.size_t(maxWR), C.sizeof_struct_ibv_recv_wr)),
-		bad:     (*C.int)(C.calloc(1, C.sizeof_int)),
-		maxWR:   maxWR, maxSGE: maxSGE,
-	}
+	return &RecvBatch{newBatch(maxWR, maxSGE, C.sizeof_struct_go_recv_wr, C.sizeof_struct_ibv_recv_wr)}
 }
-
-// Len is the number of requests added since the last Reset.
-func (b *RecvBatch) Len() int { return b.n }
 
 // Add appends a request.
 func (b *RecvBatch) Add(wr *RecvWR) error {
-	if b.n == b.maxWR || b.nsge+len(wr.SGE) > b.maxSGE {
-		return ErrBatchFull
+	i, first, err := b.add(wr.SGE)
+	if err != nil {
+		return err
 	}
-	sges := unsafe.Slice(b.sges, b.maxSGE)
-	for i, s := range wr.SGE {
-		sges[b.nsge+i] = C.struct_ibv_sge{addr: C.uint64_t(s.Addr), length: C.uint32_t(s.Len), lkey: C.uint32_t(s.LKey)}
-	}
-	unsafe.Slice(b.wrs, b.maxWR)[b.n] = C.struct_go_recv_wr{wr_id: C.uint64_t(wr.WRID),
-		sge_first: C.uint32_t(b.nsge), num_sge: C.uint32_t(len(wr.SGE))}
-	b.n++
-	b.nsge += len(wr.SGE)
+	unsafe.Slice((*C.struct_go_recv_wr)(b.c.wrs), b.maxWR)[i] = C.struct_go_recv_wr{wr_id: C.uint64_t(wr.WRID),
+		sge_first: C.uint32_t(first), num_sge: C.uint32_t(len(wr.SGE))}
 	return nil
 }
 
-// Reset empties the batch.
-func (b *RecvBatch) Reset() { b.n, b.nsge = 0, 0 }
-
-// Post posts the batch on the id's QP, or on srq when it is not nil.
-func (b *RecvBatch) Post(id *CMID, srq *SRQ) error {
-	n := b.n
-	b.Reset()
-	if n == 0 {
+// Post posts recv's requests (to srq when it is not nil, else to id's QP),
+// then send's, in one call into C, and empties both. Either may be nil.
+// On failure the error is a *PostError naming the first request not
+// posted; after failed receives no send was posted.
+func Post(id *CMID, srq *SRQ, recv *RecvBatch, send *SendBatch) error {
+	var qp, srqp, rc, sc C.uintptr_t
+	if id != nil {
+		qp = cptr(id.p.qp)
+	}
+	if srq != nil {
+		srqp = cptr(srq.p)
+	}
+	if recv != nil {
+		recv.seal()
+		rc = cptr(recv.c)
+	}
+	if send != nil {
+		send.seal()
+		sc = cptr(send.c)
+	}
+	ret := C.go_post(qp, srqp, rc, sc)
+	if ret == 0 {
 		return nil
 	}
-	var qp *C.struct_ibv_qp
-	var srqp *C.struct_ibv_srq
-	if srq != nil {
-		srqp = srq.p
-	} else {
-		qp = id.p.qp
+	if send == nil || recv != nil && recv.c.bad >= 0 {
+		return &PostError{Recv: true, Index: int(recv.c.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
-	if ret := C.go_post_recv(cptr(qp), cptr(srqp), cptr(b.wrs), C.int(n), cptr(b.sges), cptr(b.scratch), cptr(b.bad)); ret != 0 {
-		return &PostError{Index: int(*b.bad), Err: retErrno("ibv_post_recv", ret)}
-	}
-	return nil
+	return &PostError{Index: int(send.c.bad), Err: retErrno("ibv_post_send", ret)}
 }
 
 // cptr passes a pointer to C memory as an integer (see shim.h: it spares
 // the hot calls cgo's per-argument pointer checks). Never pass Go memory.
 func cptr[T any](p *T) C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(p))) }
-
-// Free releases the batch's C memory.
-func (b *RecvBatch) Free() {
-	C.free(unsafe.Pointer(b.wrs))
-	C.free(unsafe.Pointer(b.sges))
-	C.free(unsafe.Pointer(b.scratch))
-	C.free(unsafe.Pointer(b.bad))
-}

@@ -219,6 +219,10 @@ func (cq *CQ) Poll() (int, error) {
 	return int(n), nil
 }
 
+// Batch is the most completions one Poll returns; a Poll that returns
+// fewer found the CQ empty after them.
+func (cq *CQ) Batch() int { return cq.n }
+
 // At returns completion i of the last Poll.
 func (cq *CQ) At(i int) WC {
 	w := (*[1 << 20]C.struct_go_wc)(unsafe.Pointer(cq.wcs))[i]

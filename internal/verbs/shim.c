@@ -32,22 +32,18 @@ int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr)
 	return total;
 }
 
-int go_post_send(uintptr_t qp_addr, uintptr_t wrs_addr, int n, uintptr_t sge_addr, uintptr_t scratch_addr,
-		 uintptr_t bad_addr)
+static int post_sends(struct ibv_qp *qp, struct go_batch *b)
 {
-	struct ibv_qp *qp = (struct ibv_qp *)qp_addr;
-	struct go_send_wr *wrs = (struct go_send_wr *)wrs_addr;
-	struct ibv_sge *sge = (struct ibv_sge *)sge_addr;
-	struct ibv_send_wr *scratch = (struct ibv_send_wr *)scratch_addr;
-	int *bad = (int *)bad_addr;
+	struct go_send_wr *wrs = b->wrs;
+	struct ibv_send_wr *scratch = b->scratch;
 	struct ibv_send_wr *bad_wr = NULL;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < b->n; i++) {
 		struct ibv_send_wr *w = &scratch[i];
 		struct go_send_wr *g = &wrs[i];
 		memset(w, 0, sizeof(*w));
 		w->wr_id = g->wr_id;
-		w->next = i + 1 < n ? &scratch[i + 1] : NULL;
-		w->sg_list = g->num_sge ? &sge[g->sge_first] : NULL;
+		w->next = i + 1 < b->n ? &scratch[i + 1] : NULL;
+		w->sg_list = g->num_sge ? &b->sge[g->sge_first] : NULL;
 		w->num_sge = g->num_sge;
 		w->opcode = g->opcode;
 		w->send_flags = g->send_flags;
@@ -73,30 +69,48 @@ int go_post_send(uintptr_t qp_addr, uintptr_t wrs_addr, int n, uintptr_t sge_add
 		}
 	}
 	int ret = ibv_post_send(qp, scratch, &bad_wr);
-	*bad = ret ? (int)(bad_wr ? bad_wr - scratch : 0) : -1;
+	if (ret)
+		b->bad = bad_wr ? (int)(bad_wr - scratch) : 0;
 	return ret;
 }
 
-int go_post_recv(uintptr_t qp_addr, uintptr_t srq_addr, uintptr_t wrs_addr, int n, uintptr_t sge_addr,
-		 uintptr_t scratch_addr, uintptr_t bad_addr)
+static int post_recvs(struct ibv_qp *qp, struct ibv_srq *srq, struct go_batch *b)
 {
-	struct ibv_qp *qp = (struct ibv_qp *)qp_addr;
-	struct ibv_srq *srq = (struct ibv_srq *)srq_addr;
-	struct go_recv_wr *wrs = (struct go_recv_wr *)wrs_addr;
-	struct ibv_sge *sge = (struct ibv_sge *)sge_addr;
-	struct ibv_recv_wr *scratch = (struct ibv_recv_wr *)scratch_addr;
-	int *bad = (int *)bad_addr;
+	struct go_recv_wr *wrs = b->wrs;
+	struct ibv_recv_wr *scratch = b->scratch;
 	struct ibv_recv_wr *bad_wr = NULL;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < b->n; i++) {
 		struct ibv_recv_wr *w = &scratch[i];
 		w->wr_id = wrs[i].wr_id;
-		w->next = i + 1 < n ? &scratch[i + 1] : NULL;
-		w->sg_list = wrs[i].num_sge ? &sge[wrs[i].sge_first] : NULL;
+		w->next = i + 1 < b->n ? &scratch[i + 1] : NULL;
+		w->sg_list = wrs[i].num_sge ? &b->sge[wrs[i].sge_first] : NULL;
 		w->num_sge = wrs[i].num_sge;
 	}
 	int ret = srq ? ibv_post_srq_recv(srq, scratch, &bad_wr) : ibv_post_recv(qp, scratch, &bad_wr);
-	*bad = ret ? (int)(bad_wr ? bad_wr - scratch : 0) : -1;
+	if (ret)
+		b->bad = bad_wr ? (int)(bad_wr - scratch) : 0;
 	return ret;
+}
+
+int go_post(uintptr_t qp_addr, uintptr_t srq_addr, uintptr_t recv_addr, uintptr_t send_addr)
+{
+	struct ibv_qp *qp = (struct ibv_qp *)qp_addr;
+	struct go_batch *recv = (struct go_batch *)recv_addr;
+	struct go_batch *send = (struct go_batch *)send_addr;
+	int ret;
+	if (recv)
+		recv->bad = -1;
+	if (send)
+		send->bad = -1;
+	if (recv && recv->n > 0) {
+		if ((ret = post_recvs(qp, (struct ibv_srq *)srq_addr, recv)))
+			return ret;
+	}
+	if (send && send->n > 0) {
+		if ((ret = post_sends(qp, send)))
+			return ret;
+	}
+	return 0;
 }
 
 int go_req_notify_cq(struct ibv_cq *cq, int solicited_only)

@@ -44,17 +44,27 @@ struct go_recv_wr {
 	uint32_t num_sge;
 };
 
-// The hot calls (poll, post send, post receive) take their C pointers as
-// integers: cgo checks every pointer argument for Go memory on each call,
-// which costs more than the poll itself under emulation. Every one of them
-// points to C memory.
+// A batch of work requests in C memory: wrs (struct go_send_wr or
+// go_recv_wr), their scatter/gather entries, and scratch room to link them
+// as ibv_send_wr or ibv_recv_wr. After a failed post, bad is the index of
+// the first request not posted (-1 in a batch that did not fail).
+struct go_batch {
+	void *wrs;
+	struct ibv_sge *sge;
+	void *scratch;
+	int n;
+	int bad;
+};
+
+// The hot calls (poll, post) take their C pointers as integers: cgo checks
+// every pointer argument for Go memory on each call, which costs more than
+// the poll itself under emulation. Every one of them points to C memory.
 int go_poll_cq(uintptr_t cq, int n, uintptr_t out);
-// go_post_send links n requests (using scratch, n ibv_send_wr in C memory)
-// and posts them in one ibv_post_send. On failure *bad is the index of the
-// first request not posted.
-int go_post_send(uintptr_t qp, uintptr_t wrs, int n, uintptr_t sge, uintptr_t scratch, uintptr_t bad);
-int go_post_recv(uintptr_t qp, uintptr_t srq, uintptr_t wrs, int n, uintptr_t sge, uintptr_t scratch,
-		 uintptr_t bad);
+// go_post posts the receives of recv (to srq when it is not 0, else to qp),
+// then the sends of send, so that a batch of both kinds crosses from Go
+// into C once. Either batch may be 0. On failure it returns the error and
+// sets the failing batch's bad; after failed receives no send is posted.
+int go_post(uintptr_t qp, uintptr_t srq, uintptr_t recv, uintptr_t send);
 int go_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int go_get_cq_event(struct ibv_comp_channel *ch);
 
