@@ -104,6 +104,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 		ep.CloseAndDrain(nil)
 		return nil, err
 	}
+	setRNRTimer(id, o.rnrTimer, o.logger)
 	if o.replyData != nil {
 		*o.replyData = reply
 	}

@@ -251,6 +251,7 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 		ep.CloseAndDrain(nil)
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
+	setRNRTimer(r.id, o.rnrTimer, o.logger)
 	return ep, nil
 }
 

@@ -21,10 +21,12 @@ type options struct {
 	srqDepth       int
 	setup          func(*endpoint.Endpoint) error
 	ackTimeout     int // exponent; 0: the CM's default
+	rnrTimer       time.Duration
 }
 
 func newOptions(opts []Option) options {
-	o := options{backlog: 64, resolveTimeout: 2 * time.Second, retryCount: 7, rnrRetryCount: 7, logger: zerolog.Nop()}
+	o := options{backlog: 64, resolveTimeout: 2 * time.Second, retryCount: 7, rnrRetryCount: 7,
+		rnrTimer: 640 * time.Microsecond, logger: zerolog.Nop()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -90,6 +92,15 @@ func WithSharedReceiveQueue(depth int) Option { return func(o *options) { o.srqD
 // error at once: a protocol that counts credits uses it to prove it never
 // overruns the peer.
 func WithRNRRetry(n int) Option { return func(o *options) { o.rnrRetryCount = n } }
+
+// WithRNRTimer sets how long a peer whose message found no receive posted
+// here waits before sending it again (the QP's minimum RNR NAK timer,
+// rounded up to the next InfiniBand step; at most 655 ms). The default is
+// 0.64 ms, as in rdma-core's rc_pingpong and perftest. The kernel's CM
+// would leave it at 655 ms, and on Soft-RoCE every receiver-not-ready then
+// stalled the connection for ~0.7 s: rxe drops the packets behind the
+// refused one and resends them only after the timer.
+func WithRNRTimer(d time.Duration) Option { return func(o *options) { o.rnrTimer = d } }
 
 // WithSetup runs f on the new endpoint after its QP exists and before the
 // connection is requested or accepted: the place to post receives, so that

@@ -6,7 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -307,4 +311,44 @@ func TestQueueFullThenClose(t *testing.T) {
 		t.Fatal("the server never saw the client leave")
 	}
 	require.True(t, errors.Is(p.server.Err(), endpoint.ErrClosed))
+}
+
+// TestRNRRecoveryIsQuick sends to a peer with no receive posted, which
+// refuses the message (RNR NAK: the device counter rises), posts the
+// receive 20 ms later and expects the message soon after. The kernel CM
+// leaves the RNR timer at 655 ms (with it this test saw 660 ms); cm sets
+// 0.64 ms (WithRNRTimer). The bound is far from both.
+func TestRNRRecoveryIsQuick(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	counter := "/sys/class/infiniband/" + rxetest.Device() + "/ports/1/hw_counters/rcvd_rnr_err"
+	before := readCounter(t, counter)
+	cpool, spool := newPool(t, p.client, 64, 1), newPool(t, p.server, 64, 1)
+	b, _ := cpool.TryGet()
+	require.NoError(t, p.client.PostSend("early", b, 8))
+	time.Sleep(20 * time.Millisecond)
+	require.Greater(t, readCounter(t, counter), before, "the send was not refused: no RNR to recover from")
+	rb, _ := spool.TryGet()
+	posted := time.Now()
+	require.NoError(t, p.server.PostRecv("late", rb))
+	c := next(t, p.server)
+	took := time.Since(posted)
+	require.NoError(t, c.Err)
+	require.Equal(t, "late", c.Context)
+	require.Less(t, took, 300*time.Millisecond, "the refused message waited for the 655 ms RNR timer")
+	require.NoError(t, next(t, p.client).Err)
+	t.Logf("message arrived %v after its receive was posted", took)
+	require.NoError(t, cpool.Put(b))
+	require.NoError(t, spool.Put(rb))
+}
+
+// readCounter reads one of the device's hw_counters.
+func readCounter(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	return n
 }

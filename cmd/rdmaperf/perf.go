@@ -173,9 +173,13 @@ type receiver struct {
 	batch []endpoint.Request
 }
 
-// echoBatch bounds the replies posted in one call (the send queue is
-// cfg.depth+1 deep).
-const echoBatch = 32
+// repostBatch bounds the receives reposted (and, with echo, the replies
+// posted) in one call. It must stay well below serverRecvs: receives taken
+// but not yet reposted are missing from the queue, and a message that finds
+// it empty is refused (RNR); rxe then drops the packets behind it and
+// resends them only after the QP's timeout, stalling the run for ~0.7 s.
+// The replies share the send queue (cfg.depth+1 deep).
+const repostBatch = 32
 
 // postReceives posts the first serverRecvs receives.
 func postReceives(p *peer, size int, echo bool) (*receiver, error) {
@@ -212,10 +216,10 @@ func (r *receiver) serve(ctx context.Context) error {
 	ep := r.p.ep
 	ctx, cancel := untilDone(ctx, ep) // the client left: close drains the rest
 	defer cancel()
-	limit := cap(r.batch)
+	limit := repostBatch
 	var reply endpoint.Request
 	if r.reply != nil {
-		limit = 2 * echoBatch
+		limit = 2 * repostBatch
 		reply = *(&endpoint.Request{Op: endpoint.OpSend, Buffer: r.reply}).Apply(endpoint.Unsignaled())
 	}
 	for {

@@ -212,6 +212,16 @@ func (id *CMID) SetAckTimeout(exp uint8) error {
 	return nil
 }
 
+// SetMinRNRTimer sets how long this QP, receiving, asks a sender to wait
+// before it resends a message that found no receive posted (the minimum
+// RNR NAK timer, in the InfiniBand encoding: 1 is 0.01 ms, 12 is 0.64 ms,
+// 31 is 491.52 ms, 0 is 655.36 ms). The QP must be connected.
+func (id *CMID) SetMinRNRTimer(code uint8) error {
+	var attr C.struct_ibv_qp_attr
+	attr.min_rnr_timer = C.uint8_t(code)
+	return retErrno("ibv_modify_qp(MIN_RNR_TIMER)", C.ibv_modify_qp(id.p.qp, &attr, C.IBV_QP_MIN_RNR_TIMER))
+}
+
 // Listen starts listening for connect requests.
 func (id *CMID) Listen(backlog int) error {
 	if ret, err := C.rdma_listen(id.p, C.int(backlog)); ret != 0 {
