@@ -100,7 +100,7 @@ type Endpoint struct {
 	// Callers of Next that poll the CQ themselves (busy and hybrid modes);
 	// the completion goroutine stands aside while they do.
 	callers   atomic.Int32
-	nextCalls atomic.Uint64 // Next calls that polled, ever
+	nextCalls atomic.Uint64 // Next calls with busy or hybrid polling, ever
 	seenCalls uint64        // nextCalls when the completion goroutine last looked
 	kick      chan struct{} // wakes a completion goroutine standing aside
 	aside     *time.Timer

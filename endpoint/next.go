@@ -45,6 +45,13 @@ const (
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
 func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
+	if ep.cfg.Poll != PollEvent {
+		// Counted even when the channel answers at once: a caller that
+		// always finds one there would otherwise never make the
+		// completion goroutine stand aside, and the two would take turns
+		// on the CPU (with a runtime.Gosched each) for every completion.
+		ep.nextCalls.Add(1)
+	}
 	select {
 	case c, ok := <-ep.queue.out:
 		return delivered(c, ok)
@@ -74,7 +81,6 @@ func delivered(c Completion, ok bool) (Completion, error) {
 // (got), ctx ends (err), or, with PollHybrid, Config.Spin has passed.
 func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error) {
 	ep.callers.Add(1)
-	ep.nextCalls.Add(1)
 	defer func() {
 		// Leaving without a completion, the caller will sleep or give
 		// up: the completion goroutine must poll again.

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -47,4 +48,42 @@ func TestCompletionQueueKeepsOrder(t *testing.T) {
 	_, open := <-q.out
 	require.False(t, open, "closed after the last completion")
 	<-done
+}
+
+// TestHandOffKeepsOrder: a completion is handed to the polling caller of
+// Next only when nothing precedes it; otherwise it goes behind the others.
+func TestHandOffKeepsOrder(t *testing.T) {
+	ep := &Endpoint{}
+	ep.queue.init(4)
+	q := &ep.queue
+	q.mu.Lock()
+	q.handWanted = true
+	q.emit(Completion{Context: 1})
+	q.emit(Completion{Context: 2}) // the hand is taken: the channel
+	require.False(t, q.handWanted)
+	require.Equal(t, 1, q.handOff.Context)
+	require.Equal(t, 1, len(q.out))
+
+	q.handWanted = true // 2 waits in the channel: 3 must not overtake it
+	q.emit(Completion{Context: 3})
+	require.True(t, q.handWanted)
+	q.handWanted = false
+	q.mu.Unlock()
+	require.Equal(t, 2, (<-q.out).Context)
+	require.Equal(t, 3, (<-q.out).Context)
+}
+
+// TestNextAnsweredByTheChannelCountsAsPolling: a busy-polling caller that
+// always finds a completion waiting must still make the completion
+// goroutine stand aside (else the two take turns for every completion).
+func TestNextAnsweredByTheChannelCountsAsPolling(t *testing.T) {
+	ep := &Endpoint{cfg: Config{Poll: PollBusy}}
+	ep.queue.init(4)
+	ep.queue.out <- Completion{Context: "ready"}
+	require.False(t, ep.callersPolling(), "no Next yet")
+	c, err := ep.Next(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "ready", c.Context)
+	require.True(t, ep.callersPolling(), "a Next answered by the channel")
+	require.False(t, ep.callersPolling(), "no Next since the last look")
 }
