@@ -427,9 +427,12 @@ func writeLatency(ctx context.Context, p *peer, cfg config, client bool, region 
 	defer pool.Put(b)
 	word := (*uint64)(unsafe.Pointer(&region.Bytes()[(size-8)&^7]))
 	off := (size - 8) &^ 7
+	// The wait spins on the word, now and then looking whether the peer
+	// left and yielding (rarely: each runtime.Gosched wakes an idle
+	// thread, which costs more under emulation than a round trip).
 	wait := func(want uint64) error {
 		for spins := 0; atomic.LoadUint64(word) != want; spins++ {
-			if spins%256 == 255 {
+			if spins%(1<<14) == 1<<14-1 {
 				runtime.Gosched()
 				select {
 				case <-p.ep.Done():
