@@ -305,7 +305,7 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 }
 
 // bandwidth keeps cfg.depth work requests in flight, posting them in
-// batches of up to 16 in one call, all but the last of a batch unsignaled.
+// batches of -batch (32) in one call, all but the last of a batch unsignaled.
 func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r *result) error {
 	pool, err := bufpool.New(p.ep.PD(), bufpool.Size(cfg.size), bufpool.Count(1))
 	if err != nil {
