@@ -260,27 +260,29 @@ const readingTheTable = `
 ## Reading the table
 
 - Latency with busy and hybrid polling waits in ` + "`Endpoint.Next`" + `, which polls the CQ in the
-  caller's goroutine: no goroutine hand-off between the completion and the caller. At 64 B it
-  is still 1.5-1.9x perftest. The same verbs in a 70-line C program (not in the repository)
-  over the same rdma_cm path (post a receive, post an inline send, spin on ibv_poll_cq)
-  measured a median of 13.4-14.1 µs one way, perftest's figure, so the rest is this library's
-  own path, not the device: each cgo crossing costs about 0.4 µs under emulation (20 ns on the
-  host), and a post is a mutex, the slot table, a C work-request array and a crossing. A CPU
-  profile (` + "`rdmaperf -test send_lat -size 64 -poll busy -cpuprofile`" + `) is more than half
-  ` + "`runtime.cgocall`" + ` (the polls themselves included). What would close more of it: fewer
-  crossings per message (one C call that posts the receive and the send together; polling
-  that reads the provider's CQ ring without a crossing, which ties the code to one provider).
-- Event polling (the default) pays a sleep and a wake-up for every completion that finds the
-  completion goroutine asleep: in ping-pong latency that is every message (a wake-up costs
-  hundreds of µs under TCG). write_lat waits for each write's completion, as ib_write_lat does,
-  so it pays that too.
-- Bandwidth at 1 MiB is at perftest's (0.98-1.03x with event polling): rxe's copying is the
-  bound. At 64 KiB it is 0.83-0.91x; busy polling is lower than event polling at 4 KiB and up
-  because, with two vCPUs, a second spinning process takes the CPU rxe's kernel work needs.
-  Not closed.
-- Send message rate at 64 B (0.43x event, 0.70x busy) is bound by the receiver, which takes
-  each receive's completion and reposts it through the same path as above; RDMA write and
-  read, which the receiver's CPU never sees, are at 0.80-1.50x.
-- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 13.1-21.6 µs over
+  caller's goroutine and takes the completion it found without a channel; a post of a receive
+  and a send together (` + "`PostBatch`" + `) is one cgo crossing. What is left at 64 B is the Go
+  path itself under emulation. Measured on 2026-11-22 in one guest boot: perftest 12.4-13.8 µs
+  one way; a Go loop calling the same verbs through cgo (post, spin on ibv_poll_cq; no library)
+  15.7 µs; C alone 13.0-15.8 µs; this library 18-20 µs. A cgo crossing costs about 0.4 µs in
+  the guest (20 ns on the host) and a post or a poll through the library 1-2 µs of Go on top.
+  Closing more of it needs polling that does not cross into C (reading the provider's CQ ring,
+  which ties the code to one provider) or fewer Go instructions per message.
+- Event polling (the default) pays a sleep and a wake-up through Go's netpoller for every
+  completion that finds the completion goroutine asleep: in ping-pong latency that is every
+  message. perftest's own event mode (` + "`ib_send_lat -e`" + `) measured 133 µs one way at 64 B in
+  the same boot as our 574 µs: the wake-up path of the Go runtime under TCG (epoll, futex
+  wake-ups between threads) costs several times the C one.
+- Bandwidth at 1 MiB is at perftest's (rxe's copying is the bound). At 64 KiB it stays below
+  0.95x in most runs (0.84-0.98x over this session's runs, with no single cause found: depth
+  16-256 and 1-32 requests per post did not change it).
+- Message rate at 64 B depends on requests per post: each post is a crossing and a doorbell
+  (a syscall on rxe). With 16 per post send_bw measured 0.69-0.99x perftest, with 32 (the
+  default) 0.84-0.98x, with 64 0.99-1.0x. RDMA read at 64 B is above perftest's (1.3-1.7x;
+  not looked into).
+- The kernel's CM leaves a QP's RNR timer at 655 ms; on rxe a message that found no receive
+  posted then stalled the run for ~0.7 s (send_bw 64 B fell to 0.9 MiB/s in runs that hit one).
+  cm sets 0.64 ms (` + "`cm.WithRNRTimer`" + `), as perftest and rc_pingpong do.
+- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 12.3-21.6 µs over
   this day's runs), hence the medians of alternating runs; compare ratios within one table.
 `
