@@ -39,8 +39,10 @@ const (
 // While callers poll in Next, the completion goroutine stands aside (it
 // looks again after 1 ms, backing off to every 16 ms while Next is still
 // called), so a completion nobody waits for in Next can reach Completions
-// up to 16 ms later. With PollEvent, Next is a receive from Completions
-// that honours ctx.
+// up to 16 ms later. A spinning Next yields the processor every 1024
+// polls and otherwise keeps its P busy: a program with spinning callers
+// wants GOMAXPROCS above their number. With PollEvent, Next is a receive
+// from Completions that honours ctx.
 //
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
