@@ -274,7 +274,7 @@ const readingTheTable = `
   the same boot as our 574 µs: the wake-up path of the Go runtime under TCG (epoll, futex
   wake-ups between threads) costs several times the C one.
 - Bandwidth at 1 MiB is at perftest's (rxe's copying is the bound). At 64 KiB it stays below
-  0.95x in most runs (0.84-0.98x over this session's runs, with no single cause found: depth
+  0.95x in most runs (0.83-0.98x over this session's runs, with no single cause found: depth
   16-256 and 1-32 requests per post did not change it).
 - Message rate at 64 B depends on requests per post: each post is a crossing and a doorbell
   (a syscall on rxe). With 16 per post send_bw measured 0.69-0.99x perftest, with 32 (the
