@@ -148,6 +148,10 @@ func (ep *Endpoint) standAside() {
 	case <-ep.kick:
 		ep.aside.Stop()
 		ep.asideFor = 0
+		// Whoever kicked left Next without a completion and now waits
+		// for this goroutine: the Next calls so far must not make it
+		// stand aside again on its next look.
+		ep.seenCalls = ep.nextCalls.Load()
 	case <-ep.aside.C:
 	}
 }

@@ -87,3 +87,16 @@ func TestNextAnsweredByTheChannelCountsAsPolling(t *testing.T) {
 	require.True(t, ep.callersPolling(), "a Next answered by the channel")
 	require.False(t, ep.callersPolling(), "no Next since the last look")
 }
+
+// TestKickEndsStandingAside: a hybrid caller that gave up spinning kicks
+// the completion goroutine and waits for it; the goroutine must poll at
+// once, not stand aside again because of that caller's Next call.
+func TestKickEndsStandingAside(t *testing.T) {
+	ep := &Endpoint{cfg: Config{Poll: PollHybrid}, kick: make(chan struct{}, 1)}
+	ep.nextCalls.Add(1) // a Next that spun
+	ep.wakePoller()     // and left without a completion
+	ep.standAside()     // returns at once on the kick
+	require.False(t, ep.callersPolling(), "the kicking caller waits: poll now")
+	ep.nextCalls.Add(1) // a later Next still counts
+	require.True(t, ep.callersPolling())
+}
