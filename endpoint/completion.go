@@ -136,8 +136,8 @@ func (ep *Endpoint) pollFor(want bool) (n int, c Completion, handed bool) {
 	return n, c, handed
 }
 
-// drain polls the CQ until it finds it empty and queues a Completion for
-// every work request that finished, including the unsignaled sends a
+// drain polls the CQ until a poll returns less than a full batch and
+// queues a Completion for every work request that finished, including the unsignaled sends a
 // signaled completion stands for; with want, the first of them goes to
 // queue.handOff when it can (handed). pollMu is held.
 func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
