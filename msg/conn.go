@@ -72,6 +72,7 @@ type Conn struct {
 	// credits are recvDepth + granted - received).
 	lastSend, lastRecv     time.Time
 	granted, receivedTotal int
+	reading                int // this side's RDMA READs of the peer's rendezvous regions in flight
 
 	inbox     chan *Message
 	done      chan struct{}

@@ -7,8 +7,8 @@ import (
 )
 
 // TestSilenceRule: silence past the timeout ends the connection only while
-// the peer could have sent: it has a credit and is not reading one of this
-// side's rendezvous regions (its messages wait behind that READ).
+// the peer could have sent: it has a credit and no rendezvous read is in
+// flight either way (its messages wait behind that READ or its responses).
 func TestSilenceRule(t *testing.T) {
 	start := time.Unix(1000, 0)
 	later := start.Add(3 * time.Second)
@@ -39,5 +39,15 @@ func TestSilenceRule(t *testing.T) {
 	}
 	if err := c.checkSilence(later.Add(3 * time.Second)); !errors.Is(err, ErrPeerSilent) {
 		t.Fatalf("3 s after the read: got %v, want ErrPeerSilent", err)
+	}
+
+	c = newConn()
+	c.reading = 1 // this side reads one of the peer's regions
+	if err := c.checkSilence(later); err != nil {
+		t.Fatalf("reading the peer's rendezvous region: got %v, want nil", err)
+	}
+	c.reading = 0
+	if err := c.checkSilence(later.Add(3 * time.Second)); !errors.Is(err, ErrPeerSilent) {
+		t.Fatalf("3 s after our read: got %v, want ErrPeerSilent", err)
 	}
 }

@@ -39,6 +39,14 @@ func (c *Conn) run() {
 			}
 		case endpoint.OpRead:
 			rr := comp.Context.(*rendezvousRead)
+			c.mu.Lock()
+			c.reading--
+			// Silence counts from the end of the read, not from the last
+			// check: on rxe the READ runs inside the post call, which
+			// holds the endpoint for its length, so the control loop's
+			// own posts (and with them its checks) may have waited too.
+			c.lastRecv = time.Now()
+			c.mu.Unlock()
 			if comp.Err != nil {
 				rr.region.Close()
 				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
@@ -109,8 +117,14 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 			return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
 		}
 		rr := &rendezvousRead{info: info, hdr: h, region: region}
+		c.mu.Lock()
+		c.reading++
+		c.mu.Unlock()
 		err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
 		if err != nil {
+			c.mu.Lock()
+			c.reading--
+			c.mu.Unlock()
 			region.Close()
 			return fmt.Errorf("msg: reading a rendezvous: %w", err)
 		}
@@ -177,16 +191,19 @@ func (c *Conn) controlLoop() {
 // least every keepalive interval while it has a credit, so silence longer
 // than the timeout while it had one means the peer or the link is gone.
 // (While it has none, because this side holds its messages, silence is
-// this side's doing and does not count. Nor does it while the peer may be
-// reading one of this side's rendezvous regions: its messages are behind
-// the RDMA READ in the connection's packet order, and a large read on a
-// slow link outlasts the timeout.)
+// this side's doing and does not count. Nor does it while a rendezvous
+// read is in flight either way, and a large read on a slow link outlasts
+// the timeout: while the peer reads one of this side's regions, its
+// messages are behind the RDMA READ in the connection's packet order;
+// while this side reads one of the peer's, the peer's messages wait for
+// its read responses (rxe sends them first: a 64 MiB read under TCG kept
+// the peer's keepalives back for 52 s).)
 func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
 	}
 	peerCredits := c.o.recvDepth + c.granted - c.receivedTotal
-	if peerCredits < 1 || len(c.rvSend) > 0 {
+	if peerCredits < 1 || len(c.rvSend) > 0 || c.reading > 0 {
 		c.lastRecv = now
 		return nil
 	}
