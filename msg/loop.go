@@ -112,21 +112,29 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		if err := c.ep.PostRecv(nil, b); err != nil {
 			c.recvPool.Put(b)
 		}
-		region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
-		if err != nil {
-			return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
-		}
-		rr := &rendezvousRead{info: info, hdr: h, region: region}
+		// The read counts as in flight from here: registering a large
+		// region takes this goroutine, which also takes the peer's
+		// messages, for seconds (64 MiB under TCG with -race: up to 27 s),
+		// and the keepalive must not read that as the peer's silence.
 		c.mu.Lock()
 		c.reading++
 		c.mu.Unlock()
-		err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
+		region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
+		if err == nil {
+			rr := &rendezvousRead{info: info, hdr: h, region: region}
+			err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
+			if err != nil {
+				region.Close()
+				err = fmt.Errorf("msg: reading a rendezvous: %w", err)
+			}
+		} else {
+			err = fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
+		}
 		if err != nil {
 			c.mu.Lock()
 			c.reading--
 			c.mu.Unlock()
-			region.Close()
-			return fmt.Errorf("msg: reading a rendezvous: %w", err)
+			return err
 		}
 	default:
 		c.inbox <- &Message{Type: h.Type, ID: h.ID, Payload: b.Bytes()[HeaderSize:n], c: c, buf: b}
@@ -195,9 +203,10 @@ func (c *Conn) controlLoop() {
 // read is in flight either way, and a large read on a slow link outlasts
 // the timeout: while the peer reads one of this side's regions, its
 // messages are behind the RDMA READ in the connection's packet order;
-// while this side reads one of the peer's, the peer's messages wait for
-// its read responses (rxe sends them first: a 64 MiB read under TCG kept
-// the peer's keepalives back for 52 s).)
+// while this side reads one of the peer's (counted from the announcement:
+// registering the region takes the goroutine that takes the peer's
+// messages), those messages wait. A 64 MiB rendezvous under TCG with -race
+// kept keepalives back for 27-52 s.)
 func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
