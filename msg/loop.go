@@ -119,18 +119,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		c.mu.Lock()
 		c.reading++
 		c.mu.Unlock()
-		region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
-		if err == nil {
-			rr := &rendezvousRead{info: info, hdr: h, region: region}
-			err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
-			if err != nil {
-				region.Close()
-				err = fmt.Errorf("msg: reading a rendezvous: %w", err)
-			}
-		} else {
-			err = fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
-		}
-		if err != nil {
+		if err := c.readRendezvous(info, h); err != nil {
 			c.mu.Lock()
 			c.reading--
 			c.mu.Unlock()
@@ -138,6 +127,22 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		}
 	default:
 		c.inbox <- &Message{Type: h.Type, ID: h.ID, Payload: b.Bytes()[HeaderSize:n], c: c, buf: b}
+	}
+	return nil
+}
+
+// readRendezvous registers a region for the peer's rendezvous message and
+// posts the RDMA READ that fetches it; its completion delivers the message.
+func (c *Conn) readRendezvous(info rendezvousInfo, h Header) error {
+	region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
+	if err != nil {
+		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
+	}
+	rr := &rendezvousRead{info: info, hdr: h, region: region}
+	err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
+	if err != nil {
+		region.Close()
+		return fmt.Errorf("msg: reading a rendezvous: %w", err)
 	}
 	return nil
 }

@@ -66,8 +66,9 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // off). Soft-RoCE does not fail a QP whose link is cut (its transport
 // retry timer never fires: librdmacm's rping hangs too), and an idle
 // connection never notices a dead peer at all; the keepalive does both.
-// Silence does not count while the peer reads one of this side's
-// rendezvous regions: its messages wait behind the RDMA READ.
+// Silence does not count while a rendezvous is being read either way: the
+// reader's messages wait behind its RDMA READ, and the reader takes none
+// while it registers the region and reads.
 func WithKeepalive(interval, timeout time.Duration) Option {
 	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
 }

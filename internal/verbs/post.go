@@ -95,16 +95,10 @@ func (b *batch) add(sges []SGE) (wr, first int, err error) {
 	return wr, first, nil
 }
 
-// Len is the number of requests added since the last Reset.
-func (b *batch) Len() int { return b.n }
-
-// Reset empties the batch.
-func (b *batch) Reset() { b.n, b.nsge = 0, 0 }
-
 // seal hands the count to C and empties the batch for the next one.
 func (b *batch) seal() {
 	b.c.n = C.int(b.n)
-	b.Reset()
+	b.n, b.nsge = 0, 0
 }
 
 // Free releases the batch's C memory.
