@@ -141,8 +141,13 @@ func (ep *Endpoint) pollFor(want bool) (n int, c Completion, handed bool) {
 // signaled completion stands for; with want, the first of them goes to
 // queue.handOff when it can (handed). pollMu is held.
 func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
+	retries := 0
+	if want {
+		retries = pollsPerCall - 1 // the caller spins anyway
+	}
 	for {
-		n, err := ep.cq.Poll()
+		n, err := ep.cq.PollRetry(retries)
+		retries = 0 // after completions, only what else is there
 		if err != nil || n == 0 {
 			return total, handed, err
 		}
@@ -204,14 +209,15 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		head := ep.sendFIFO.pop()
 		s := ep.sends.release(head)
 		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length}
-		if head == idx {
-			if wc.Status != verbs.WCSuccess {
-				c.Err = &CompletionError{Op: s.op, Status: wc.Status, VendorErr: wc.VendorErr}
-			}
+		if head == idx && wc.Status != verbs.WCSuccess {
+			c.Err = &CompletionError{Op: s.op, Status: wc.Status, VendorErr: wc.VendorErr}
+		}
+		if !s.silent || c.Err != nil {
 			ep.queue.emit(c)
+		}
+		if head == idx {
 			break
 		}
-		ep.queue.emit(c)
 	}
 }
 

@@ -143,6 +143,7 @@ type slot struct {
 	op       Op
 	length   int
 	signaled bool
+	silent   bool // no Completion unless it fails (Silent)
 	used     bool
 }
 

@@ -16,14 +16,18 @@ const (
 	maxAside = 16 * time.Millisecond
 )
 
-// A spinning Next checks its context, its spin time and the channel (for
-// its close) once per spinCheckEvery polls: each check costs more than a
-// poll under emulation. It yields the processor once per yieldEvery polls,
-// so that other goroutines run even with GOMAXPROCS=1; not more often,
-// because each runtime.Gosched also wakes an idle thread to look for work,
-// which on a small machine takes the CPU from the device's own (rxe runs in
-// the kernel) and bounces the spinning goroutine between threads.
+// A spinning Next polls the CQ up to pollsPerCall times per call into C
+// (a crossing costs more than a poll, several times more under emulation,
+// and the time between two looks is how late a completion is seen). It
+// checks its context, its spin time and the channel (for its close) once
+// per spinCheckEvery polls: each check costs more than a poll under
+// emulation. It yields the processor once per yieldEvery polls, so that
+// other goroutines run even with GOMAXPROCS=1; not more often, because
+// each runtime.Gosched also wakes an idle thread to look for work, which on
+// a small machine takes the CPU from the device's own (rxe runs in the
+// kernel) and bounces the spinning goroutine between threads.
 const (
+	pollsPerCall   = 16
 	spinCheckEvery = 64
 	yieldEvery     = 1024
 )
@@ -94,7 +98,7 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 	if ep.cfg.Poll == PollHybrid {
 		start = time.Now()
 	}
-	for i := 1; ; i++ {
+	for i := pollsPerCall; ; i += pollsPerCall {
 		if _, c, handed := ep.pollFor(true); handed {
 			return c, true, nil
 		}

@@ -88,6 +88,18 @@ func NoInline() PostOption { return func(r *Request) { r.inline = inlineNever } 
 // signaling). The context still comes back, on a later signaled completion.
 func Unsignaled() PostOption { return func(r *Request) { r.unsignaled = true } }
 
+// Silent is Unsignaled, and a silent request that succeeds delivers no
+// Completion at all; one that fails still does (with its error, or
+// ErrClosed when Close flushes it). It suits sends and writes whose
+// completion the caller would only throw away: inline ones, whose buffer is
+// free once the post returns, and ones from a buffer the caller keeps
+// reusing, which the device has read once any later send-queue completion
+// of this endpoint arrives (they complete in order). Each delivered
+// Completion costs the reader a channel receive or a Next call, which is
+// what a message-rate or ping-pong loop of unsignaled posts (as perftest's)
+// does not want to pay.
+func Silent() PostOption { return func(r *Request) { r.unsignaled, r.silent = true, true } }
+
 // Fence waits for earlier RDMA READs and atomics to finish first.
 func Fence() PostOption { return func(r *Request) { r.fence = true } }
 

@@ -32,6 +32,7 @@ type Request struct {
 	hasImm     bool
 	inline     inlineMode
 	unsignaled bool
+	silent     bool
 	fence      bool
 	solicited  bool
 }
@@ -317,6 +318,7 @@ func (ep *Endpoint) takeSend(r *Request) (uint32, int) {
 		ep.unsigRun++
 	}
 	ep.sends.slots[idx].signaled = signaled
+	ep.sends.slots[idx].silent = r.silent
 	return idx, flags
 }
 

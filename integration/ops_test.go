@@ -280,6 +280,74 @@ func TestBatchUnsignaledInline(t *testing.T) {
 	require.NoError(t, cpool.Put(big))
 }
 
+// TestSilentSendsDeliverNothing posts 300 silent sends (more than the send
+// queue holds, so their slots must come back without a Completion) and one
+// ordinary send: the peer receives all of them, in order, and the sender
+// gets exactly one Completion, the ordinary send's.
+func TestSilentSendsDeliverNothing(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	const n = 300
+	spool := newPool(t, p.server, 64, 64)
+	cpool := newPool(t, p.client, 64, 1)
+	sb, _ := cpool.TryGet()
+	for range 64 {
+		rb, _ := spool.TryGet()
+		require.NoError(t, p.server.PostRecv(nil, rb))
+	}
+	got := 0
+	take := func(c endpoint.Completion) {
+		require.NoError(t, c.Err)
+		require.Equal(t, uint64(got), binary.LittleEndian.Uint64(c.Buffer.Bytes()), "in order")
+		got++
+		require.NoError(t, p.server.PostRecv(nil, c.Buffer))
+	}
+	for i := range n + 1 {
+		binary.LittleEndian.PutUint64(sb.Bytes(), uint64(i))
+		var err error
+		for {
+			if i < n {
+				err = p.client.PostSend("silent", sb, 8, endpoint.Silent(), endpoint.Inline())
+			} else {
+				err = p.client.PostSend("last", sb, 8, endpoint.Inline())
+			}
+			if !errors.Is(err, endpoint.ErrQueueFull) {
+				break
+			}
+			time.Sleep(time.Millisecond) // the completion goroutine frees slots
+		}
+		require.NoError(t, err)
+		// Keep the peer's receives posted: take and repost what arrived.
+		for {
+			select {
+			case c := <-p.server.Completions():
+				take(c)
+				continue
+			default:
+			}
+			break
+		}
+	}
+	for got < n+1 {
+		take(next(t, p.server))
+	}
+	c := next(t, p.client)
+	require.NoError(t, c.Err)
+	require.Equal(t, "last", c.Context, "only the ordinary send completes")
+	select {
+	case c := <-p.client.Completions():
+		t.Fatalf("unexpected completion %+v", c)
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, cpool.Put(sb))
+	require.NoError(t, p.server.Close())
+	for c := range p.server.Completions() { // the flushed receives
+		require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+		require.NoError(t, spool.Put(c.Buffer))
+	}
+}
+
 // TestQueueFullThenClose fills the send queue (the peer has no receive, so
 // the sends wait in RNR retry), checks the next post is refused, then checks
 // Close hands every pending context back with ErrClosed, exactly once.

@@ -3,7 +3,7 @@
 #include <arpa/inet.h>
 #include "shim.h"
 
-int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr)
+int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr, int retries)
 {
 	struct ibv_cq *cq = (struct ibv_cq *)cq_addr;
 	struct go_wc *out = (struct go_wc *)out_addr;
@@ -14,6 +14,8 @@ int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr)
 		int got = ibv_poll_cq(cq, want, wc);
 		if (got < 0)
 			return got;
+		if (got == 0 && total == 0 && retries-- > 0)
+			continue;
 		for (int i = 0; i < got; i++) {
 			struct go_wc *o = &out[total + i];
 			o->wr_id = wc[i].wr_id;

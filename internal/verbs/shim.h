@@ -59,7 +59,10 @@ struct go_batch {
 // The hot calls (poll, post) take their C pointers as integers: cgo checks
 // every pointer argument for Go memory on each call, which costs more than
 // the poll itself under emulation. Every one of them points to C memory.
-int go_poll_cq(uintptr_t cq, int n, uintptr_t out);
+// go_poll_cq polls up to n completions into out. While the CQ is empty it
+// polls up to retries more times before it returns 0: a spinning caller
+// then pays one crossing from Go for many polls.
+int go_poll_cq(uintptr_t cq, int n, uintptr_t out, int retries);
 // go_post posts the receives of recv (to srq when it is not 0, else to qp),
 // then the sends of send, so that a batch of both kinds crosses from Go
 // into C once. Either batch may be 0. On failure it returns the error and
