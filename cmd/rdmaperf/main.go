@@ -69,10 +69,12 @@ func main() {
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
 	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
-	// Each post is a cgo crossing and a doorbell (a syscall on rxe): at
-	// 64 B, send_bw measured 0.69-0.99x perftest with 16 per post,
-	// 0.84-0.98x with 32, 0.99-1.0x with 64 (one boot, two runs).
-	batch := flag.Int("batch", 32, "bandwidth: work requests per post (one doorbell), at most -depth/2")
+	// Each post is a cgo crossing and a doorbell (a syscall on rxe), and
+	// one completion stands for a post (perftest's cq_mod is 100): at 64 B,
+	// send_bw measured 0.69-0.99x perftest with 16 per post, 0.77-1.16x
+	// with 32 and 0.86-0.99x with 64 (64 above 32 in 4 of 5 alternating
+	// pairs, 2026-11-22 22:45 UTC, one boot).
+	batch := flag.Int("batch", 64, "bandwidth: work requests per post (one doorbell), at most -depth/2")
 	// Hybrid polling pays off when the spin covers a round trip: 64 B
 	// round trips take ~50 µs on rxe under TCG, 4 KiB ones ~160 µs.
 	spin := flag.Duration("spin", 200*time.Microsecond, "hybrid polling: spin this long before sleeping")

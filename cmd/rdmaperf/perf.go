@@ -305,7 +305,7 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 }
 
 // bandwidth keeps cfg.depth work requests in flight, posting them in
-// batches of -batch (32) in one call, all but the last of a batch silent
+// batches of -batch (64) in one call, all but the last of a batch silent
 // (unsignaled, and no Completion to take): as perftest's cq_mod, one
 // completion stands for a batch.
 func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r *result) error {
