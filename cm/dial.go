@@ -25,6 +25,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*endpoint.Endpoint,
 		return nil, fmt.Errorf("cm: dial %s: %d bytes of private data, a connect request carries at most %d",
 			addr, len(o.privateData), verbs.MaxConnPrivateData)
 	}
+	if err := o.validate(); err != nil {
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
@@ -92,8 +95,9 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 		err = o.setup(ep)
 	}
 	if err == nil {
+		resp, init := o.readDepths(dev)
 		err = id.Connect(verbs.ConnParam{PrivateData: o.privateData,
-			ResponderResources: min(16, dev.MaxQPRdAtom), InitiatorDepth: min(16, dev.MaxQPInitRdAtom),
+			ResponderResources: resp, InitiatorDepth: init,
 			RetryCount: o.retryCount, RNRRetryCount: o.rnrRetryCount})
 	}
 	var reply []byte

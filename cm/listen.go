@@ -40,6 +40,9 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 		return nil, fmt.Errorf("cm: listen %s: %d bytes of accept private data, at most %d fit",
 			addr, len(o.privateData), verbs.MaxAcceptPrivateData)
 	}
+	if err := o.validate(); err != nil {
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
@@ -221,6 +224,10 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 		return nil, fmt.Errorf("cm: accept: %d bytes of private data, at most %d fit (the request was rejected)",
 			len(o.privateData), verbs.MaxAcceptPrivateData)
 	}
+	if err := o.validate(); err != nil {
+		r.Reject(nil)
+		return nil, fmt.Errorf("cm: accept: %w (the request was rejected)", err)
+	}
 	c := newConn(r.id, r.ch, o.logger)
 	ep, owner, err := endpoint.New(r.id, o.ep, c.close)
 	if err != nil {
@@ -239,10 +246,13 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 	if err != nil {
 		r.id.Reject(nil) // the dialer learns at once; ep.Close below frees the id
 	} else {
+		// Never more than the dialer offered: it issues at most its
+		// initiator depth of reads and answers at most its responder
+		// resources of ours.
+		resp, init := o.readDepths(dev)
 		err = r.id.Accept(verbs.ConnParam{PrivateData: o.privateData,
-			ResponderResources: min(16, r.respRes, dev.MaxQPRdAtom),
-			InitiatorDepth:     min(16, r.initDepth, dev.MaxQPInitRdAtom),
-			RNRRetryCount:      o.rnrRetryCount})
+			ResponderResources: min(resp, r.respRes), InitiatorDepth: min(init, r.initDepth),
+			RNRRetryCount: o.rnrRetryCount})
 	}
 	if err == nil {
 		_, err = c.waitEstablished(ctx)

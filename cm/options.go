@@ -1,12 +1,14 @@
 package cm
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
 type options struct {
@@ -22,16 +24,38 @@ type options struct {
 	setup          func(*endpoint.Endpoint) error
 	ackTimeout     int // exponent; 0: the CM's default
 	rnrTimer       time.Duration
+	readDepth      int
 }
+
+// defaultReadDepth and maxReadDepth bound WithReadDepth (the CM carries
+// the depths in one byte each).
+const (
+	defaultReadDepth = 16
+	maxReadDepth     = 255
+)
 
 func newOptions(opts []Option) options {
 	o := options{backlog: 64, resolveTimeout: 2 * time.Second, retryCount: 7, rnrRetryCount: 7,
-		rnrTimer: 640 * time.Microsecond, logger: zerolog.Nop()}
+		rnrTimer: 640 * time.Microsecond, readDepth: defaultReadDepth, logger: zerolog.Nop()}
 	for _, f := range opts {
 		f(&o)
 	}
 	o.ep.Logger = o.logger
 	return o
+}
+
+// validate refuses options no connection can be made with.
+func (o options) validate() error {
+	if o.readDepth < 1 || o.readDepth > maxReadDepth {
+		return fmt.Errorf("%w: read depth %d (WithReadDepth), want 1-%d", endpoint.ErrInvalid, o.readDepth, maxReadDepth)
+	}
+	return nil
+}
+
+// readDepths are the responder resources and initiator depth to ask for:
+// WithReadDepth's, capped at what the device allows.
+func (o options) readDepths(dev verbs.DeviceAttr) (resp, init int) {
+	return min(o.readDepth, dev.MaxQPRdAtom), min(o.readDepth, dev.MaxQPInitRdAtom)
 }
 
 // Option configures Dial, Listen and Request.Accept.
@@ -101,6 +125,15 @@ func WithRNRRetry(n int) Option { return func(o *options) { o.rnrRetryCount = n 
 // stalled the connection for ~0.7 s: rxe drops the packets behind the
 // refused one and resends them only after the timer.
 func WithRNRTimer(d time.Duration) Option { return func(o *options) { o.rnrTimer = d } }
+
+// WithReadDepth sets how many RDMA reads and atomics may be in flight on the
+// connection in each direction: the reads and atomics this side issues
+// (initiator depth) and those of the peer it answers at once (responder
+// resources). The default is 16; n must be 1-255, and the device's limits
+// and, when accepting, what the dialer asked for cap it. A deeper pipe
+// keeps more reads of a large transfer moving (perftest asks for the
+// device's maximum); more beyond the cap wait in the send queue.
+func WithReadDepth(n int) Option { return func(o *options) { o.readDepth = n } }
 
 // WithSetup runs f on the new endpoint after its QP exists and before the
 // connection is requested or accepted: the place to post receives, so that

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 )
@@ -419,4 +420,31 @@ func readCounter(t *testing.T, path string) int {
 	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
 	return n
+}
+
+// With one read in flight per direction, reads posted together still all
+// complete, in order and with the right bytes: the QP holds back the ones
+// beyond the depth instead of failing them.
+func TestReadDepthOneQueuesTheRest(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx, cm.WithReadDepth(1))
+	const reads, size = 16, 4096
+	region, remote := exchangeRegion(t, ctx, p, reads*size, bufpool.RemoteRead)
+	pattern(region.Bytes(), 7)
+	pool := newPool(t, p.client, size, reads)
+	bufs := make([]*bufpool.Buffer, reads)
+	for i := range bufs {
+		bufs[i], _ = pool.TryGet()
+		part, err := remote.Slice(i*size, size)
+		require.NoError(t, err)
+		require.NoError(t, p.client.PostRead(i, bufs[i], size, part))
+	}
+	for i := range bufs {
+		c := next(t, p.client)
+		require.NoError(t, c.Err)
+		require.Equal(t, i, c.Context, "reads complete in order")
+		require.True(t, bytes.Equal(region.Bytes()[i*size:(i+1)*size], bufs[i].Bytes()[:size]), "read %d differs", i)
+		require.NoError(t, pool.Put(bufs[i]))
+	}
 }

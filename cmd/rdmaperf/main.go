@@ -36,6 +36,7 @@ type config struct {
 	iters int
 	depth int
 	batch int // bandwidth: work requests per post call (perftest's post_list)
+	reads int // RDMA reads in flight per direction (perftest's -o)
 	spin  time.Duration
 	poll  endpoint.PollMode
 	addr  string
@@ -73,8 +74,9 @@ func main() {
 	// one completion stands for a post (perftest's cq_mod is 100): at 64 B,
 	// send_bw measured 0.69-0.99x perftest with 16 per post, 0.77-1.16x
 	// with 32 and 0.86-0.99x with 64 (64 above 32 in 4 of 5 alternating
-	// pairs, 2026-11-22 22:45 UTC, one boot).
+	// pairs, 2026-11-22 22:25 UTC, one boot).
 	batch := flag.Int("batch", 64, "bandwidth: work requests per post (one doorbell), at most -depth/2")
+	reads := flag.Int("reads", 128, "RDMA reads in flight per direction, at most the device's (perftest -o: the device's maximum)")
 	// Hybrid polling pays off when the spin covers a round trip: 64 B
 	// round trips take ~50 µs on rxe under TCG, 4 KiB ones ~160 µs.
 	spin := flag.Duration("spin", 200*time.Microsecond, "hybrid polling: spin this long before sleeping")
@@ -125,7 +127,7 @@ func main() {
 		list = sweep(*sizes)
 	}
 	for _, s := range list {
-		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, batch: *batch, spin: *spin, poll: pm, addr: *addr, callers: *callers}
+		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, batch: *batch, reads: *reads, spin: *spin, poll: pm, addr: *addr, callers: *callers}
 		if cfg.iters == 0 {
 			cfg.iters = defaultIters(cfg.test, s)
 		}

@@ -34,6 +34,7 @@ func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
 	sendDepth := c.depth + 1
 	return []cm.Option{
 		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, c.spin),
+		cm.WithReadDepth(c.reads),
 		cm.WithSetup(func(ep *endpoint.Endpoint) error {
 			var err error
 			if p.pool, err = bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2)); err != nil {
