@@ -86,6 +86,7 @@ func NoInline() PostOption { return func(r *Request) { r.inline = inlineNever } 
 
 // Unsignaled asks the device for no completion of its own (selective
 // signaling). The context still comes back, on a later signaled completion.
+// A receive always completes: on one, this and Silent are ErrInvalid.
 func Unsignaled() PostOption { return func(r *Request) { r.unsignaled = true } }
 
 // Silent is Unsignaled, and a silent request that succeeds delivers no

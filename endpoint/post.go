@@ -225,6 +225,10 @@ func (ep *Endpoint) check(r *Request) error {
 	if r.inline == inlineForced && (n > ep.caps.MaxInline || r.Op != OpSend && r.Op != OpWrite) {
 		return fmt.Errorf("%w: inline %v of %d bytes, the QP inlines at most %d bytes of sends and writes", ErrInvalid, r.Op, n, ep.caps.MaxInline)
 	}
+	if r.Op == OpRecv && (r.unsignaled || r.fence || r.solicited) {
+		// A receive always completes: its Completion carries the message.
+		return fmt.Errorf("%w: Unsignaled, Silent, Fence and Solicited apply to sends, writes, reads and atomics, not to a receive", ErrInvalid)
+	}
 	if r.hasImm && r.Op != OpSend && r.Op != OpWrite {
 		return fmt.Errorf("%w: immediate data on a %v", ErrInvalid, r.Op)
 	}

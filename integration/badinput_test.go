@@ -132,6 +132,9 @@ func TestOversizedPostsAreRefused(t *testing.T) {
 	good := endpoint.Request{Op: endpoint.OpRecv, Context: "ok", Buffer: b, Length: 64}
 	bad := endpoint.Request{Op: endpoint.OpSend, Context: "bad", Buffer: b, Length: 100}
 	require.ErrorIs(t, p.client.PostBatch([]endpoint.Request{good, bad}), endpoint.ErrInvalid)
+	// A receive always completes, so send-only options on one are refused.
+	silentRecv := *(&endpoint.Request{Op: endpoint.OpRecv, Context: "silent recv", Buffer: b, Length: 64}).Apply(endpoint.Silent())
+	require.ErrorIs(t, p.client.PostBatch([]endpoint.Request{silentRecv}), endpoint.ErrInvalid)
 	require.NoError(t, pool.Put(b))
 	require.NoError(t, echoOnce(t, ctx, p))
 }

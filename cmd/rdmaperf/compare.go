@@ -57,8 +57,8 @@ type compareSet struct {
 
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat"}
 
-// runCompare runs each test at each size, perftest first and then ours
-// (repeat times, alternating, keeping each side's median), prints one
+// runCompare runs each test at each size, perftest and ours in turn
+// (repeat times, keeping each side's median), prints one
 // table, and (with out) writes BENCHMARKS.md and bench.png.
 func runCompare(ctx context.Context, set compareSet, out string) error {
 	host := os.Getenv("RDMACM_TEST_ADDR")
@@ -86,16 +86,26 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 			iters := defaultIters(test, size)
 			var pts []float64
 			ours := make(map[string][]float64)
-			for range set.repeat {
-				if tool, ok := perftestTool[test]; ok {
-					// perftest itself sometimes hangs on rxe under TCG; its
-					// run is then left out (n/a when no run finished).
-					pt, err := runPerftest(ctx, tool, host, nextPort(), size, iters, lat)
-					if err != nil {
-						fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
-					} else {
-						pts = append(pts, pt)
-					}
+			perftest := func() {
+				tool, ok := perftestTool[test]
+				if !ok {
+					return
+				}
+				// perftest itself sometimes hangs on rxe under TCG; its
+				// run is then left out (n/a when no run finished).
+				pt, err := runPerftest(ctx, tool, host, nextPort(), size, iters, lat)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
+					return
+				}
+				pts = append(pts, pt)
+			}
+			for i := range set.repeat {
+				// perftest goes first in even rounds and last in odd ones,
+				// so that a drift of the machine's speed within a round
+				// favours neither side.
+				if i%2 == 0 {
+					perftest()
 				}
 				for _, poll := range polls {
 					r, err := runOurs(ctx, self, test, host, nextPort(), size, iters, poll)
@@ -107,6 +117,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 						v = r.Typical
 					}
 					ours[poll] = append(ours[poll], v)
+				}
+				if i%2 == 1 {
+					perftest()
 				}
 			}
 			for _, poll := range polls {
