@@ -283,16 +283,35 @@ const readingTheTable = `
   which ties the code to one provider) or fewer Go instructions per message.
 - Event polling (the default) pays a sleep and a wake-up through Go's netpoller for every
   completion that finds the completion goroutine asleep: in ping-pong latency that is every
-  message. perftest's own event mode (` + "`ib_send_lat -e`" + `) measured 133 µs one way at 64 B in
-  the same boot as our 574 µs: the wake-up path of the Go runtime under TCG (epoll, futex
-  wake-ups between threads) costs several times the C one.
-- Bandwidth at 1 MiB is at perftest's (rxe's copying is the bound). At 64 KiB it stays below
-  0.95x in most runs (0.83-0.98x over this session's runs, with no single cause found: depth
-  16-256 and 1-32 requests per post did not change it).
+  message. In one boot (2026-11-22 22:31 UTC, 3 alternating rounds of 3000 iterations at 64 B)
+  perftest's own event mode (` + "`ib_send_lat -e`" + `) took 74-99 µs one way and ours 316-397 µs;
+  GOMAXPROCS=1 did not change ours (343-390 µs). ` + "`perf stat`" + ` on our client counted about 6.6
+  context switches, 2.9 futex calls and 2.3 nanosleeps of the runtime's sysmon per round trip:
+  the completion goroutine wakes on the netpoller, its first call into C wakes sysmon, and the
+  Completion it hands over wakes the goroutine in ` + "`Next`" + `, often on another thread.
+  perftest's thread is woken once. What would close part of it: ` + "`Next`" + ` in event mode waiting
+  on the completion channel itself, so that one goroutine wakes instead of two.
+- Bandwidth at 1 MiB is at perftest's or above (rxe's copying and checksumming are the
+  bound). At 64 KiB the ratio moves from run to run more than between settings: perftest
+  alone gave 47-66 MiB/s over 6 consecutive write_bw runs in one boot, and send_bw busy gave
+  0.88x, 0.95x and 0.74x in three comparisons (medians of 3) within 40 minutes. A system-wide profile (` + "`perf record -a`" + `,
+  read_bw 64 KiB, busy, one boot): rxe does the protocol work in the kernel, in the context of
+  the thread that rings the doorbell, and the loopback hands every packet to the softirq of
+  the same CPU, so 47% of our samples are kernel code in our client thread, 2% our Go code and
+  49% the idle loop of the other CPU. What is ours to spend is the CPU time the Go runtime's
+  other threads take from rxe's: GOMAXPROCS=1 beat the default in 5 of 5 alternating send_bw
+  64 KiB pairs in one boot (64-72 against 53-67 MiB/s) but in only 2 of 4 in another, which
+  this machine's noise does not let us settle. Depth 16-256, 1-64 requests per post, and 16 or
+  128 reads in flight (` + "`cm.WithReadDepth`" + `, perftest asks for the device's 128) showed no
+  difference beyond that noise.
 - Message rate at 64 B depends on requests per post: each post is a crossing and a doorbell
-  (a syscall on rxe). With 16 per post send_bw measured 0.69-0.99x perftest, with 32 (the
-  default) 0.84-0.98x, with 64 0.99-1.0x. RDMA read at 64 B is above perftest's (1.3-1.7x;
-  not looked into).
+  (a syscall on rxe), and one completion stands for a post (perftest's cq_mod is 100). With 16
+  per post send_bw measured 0.69-0.99x perftest, with 32 0.77-1.16x, with 64 (the default)
+  0.86-0.99x and above 32 in 4 of 5 alternating pairs. Where the time goes (` + "`perf record -a`" + `,
+  send_bw 64 B, busy, one boot): perftest 43% kernel, 22% librxe, 14% libc, 11% its own code;
+  ours 42% kernel, 31% Go (of which going in and out of C about 6% and ` + "`go_poll_cq`" + ` 4.5%),
+  12% librxe, 8% libc, and 4% switching between the runtime's threads, which perftest's top
+  symbols do not show. RDMA read at 64 B is above perftest's (1.1-1.7x; not looked into).
 - The kernel's CM leaves a QP's RNR timer at 655 ms; on rxe a message that found no receive
   posted then stalled the run for ~0.7 s (send_bw 64 B fell to 0.9 MiB/s in runs that hit one).
   cm sets 0.64 ms (` + "`cm.WithRNRTimer`" + `), as perftest and rc_pingpong do.
