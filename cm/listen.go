@@ -196,6 +196,11 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // Accept waits for the next connect request and accepts it with the
 // listener's options (plus opts).
 func (l *Listener) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
+	// Options no request could be accepted with are the caller's error:
+	// checked here, they would reject every dialer while Accept waited on.
+	if _, err := acceptOptions(l.o, opts); err != nil {
+		return nil, err
+	}
 	for {
 		req, err := l.AcceptRequest(ctx)
 		if err != nil {
@@ -211,22 +216,31 @@ func (l *Listener) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoi
 	}
 }
 
-// Accept creates the connection's QP, accepts, and waits until the
-// connection is established or ctx ends.
-func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
-	o := r.o
+// acceptOptions is base with opts applied, or the reason no connection can
+// be accepted with them.
+func acceptOptions(base options, opts []Option) (options, error) {
+	o := base
 	for _, f := range opts {
 		f(&o)
 	}
 	o.ep.Logger = o.logger
 	if len(o.privateData) > verbs.MaxAcceptPrivateData {
-		r.Reject(nil)
-		return nil, fmt.Errorf("cm: accept: %d bytes of private data, at most %d fit (the request was rejected)",
+		return o, fmt.Errorf("cm: accept: %d bytes of private data, at most %d fit",
 			len(o.privateData), verbs.MaxAcceptPrivateData)
 	}
 	if err := o.validate(); err != nil {
+		return o, fmt.Errorf("cm: accept: %w", err)
+	}
+	return o, nil
+}
+
+// Accept creates the connection's QP, accepts, and waits until the
+// connection is established or ctx ends.
+func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
+	o, err := acceptOptions(r.o, opts)
+	if err != nil {
 		r.Reject(nil)
-		return nil, fmt.Errorf("cm: accept: %w (the request was rejected)", err)
+		return nil, fmt.Errorf("%w (the request was rejected)", err)
 	}
 	c := newConn(r.id, r.ch, o.logger)
 	ep, owner, err := endpoint.New(r.id, o.ep, c.close)

@@ -217,3 +217,17 @@ func TestManyEndpointsOneListener(t *testing.T) {
 		require.True(t, err == nil || errors.Is(err, endpoint.ErrClosed), "server: %v", err)
 	}
 }
+
+// Options no request could be accepted with make Listener.Accept fail at
+// once, instead of rejecting every dialer while it waits on.
+func TestAcceptWithBadOptionsFailsAtOnce(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	_, err = l.Accept(ctx, cm.WithReadDepth(0))
+	require.ErrorIs(t, err, endpoint.ErrInvalid)
+	_, err = l.Accept(ctx, cm.WithPrivateData(make([]byte, 4096)))
+	require.ErrorContains(t, err, "private data")
+}
