@@ -155,12 +155,25 @@ func newConn(id *verbs.CMID, ch *channel, log zerolog.Logger) *conn {
 }
 
 // waitEstablished waits for the handshake's outcome (run must be running).
-func (c *conn) waitEstablished(ctx context.Context) ([]byte, error) {
-	select {
-	case r := <-c.setup:
-		return r.privateData, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// received (accepting side; nil when dialing) closes when the QP has
+// received: the dialer is connected, and if its RTU was lost the kernel CM
+// would resend its REP (and so learn of the connection) only after 4.1 s,
+// or never when every RTU is lost. rdma_notify says so at once, as
+// librdmacm's documentation asks.
+func (c *conn) waitEstablished(ctx context.Context, received <-chan struct{}) ([]byte, error) {
+	for {
+		select {
+		case r := <-c.setup:
+			return r.privateData, r.err
+		case <-received:
+			received = nil
+			if err := c.id.NotifyEstablished(); err != nil {
+				// Most likely ESTABLISHED came first and is on its way.
+				c.log.Debug().Err(err).Msg("notifying the CM of a received message")
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 

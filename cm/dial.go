@@ -102,7 +102,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	}
 	var reply []byte
 	if err == nil {
-		reply, err = c.waitEstablished(ctx)
+		reply, err = c.waitEstablished(ctx, nil)
 	}
 	if err != nil {
 		ep.CloseAndDrain(nil)

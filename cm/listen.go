@@ -235,7 +235,11 @@ func acceptOptions(base options, opts []Option) (options, error) {
 }
 
 // Accept creates the connection's QP, accepts, and waits until the
-// connection is established or ctx ends.
+// connection is established or ctx ends. The connection counts as
+// established when the CM says so or when a receive posted by WithSetup
+// completes, whichever comes first: the dialer's RTU, the handshake's last
+// message, may be lost, and the kernel CM would learn of the connection
+// only when it resends its REP 4.1 s later.
 func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
 	o, err := acceptOptions(r.o, opts)
 	if err != nil {
@@ -269,7 +273,7 @@ func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoin
 			RNRRetryCount: o.rnrRetryCount})
 	}
 	if err == nil {
-		_, err = c.waitEstablished(ctx)
+		_, err = c.waitEstablished(ctx, owner.Received())
 	}
 	if err != nil {
 		ep.CloseAndDrain(nil)

@@ -198,6 +198,9 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		}
 		if wc.Status != verbs.WCSuccess {
 			c.Err, c.Len = &CompletionError{Op: OpRecv, Status: wc.Status, VendorErr: wc.VendorErr}, 0
+		} else if !ep.gotRecv {
+			ep.gotRecv = true
+			close(ep.received)
 		}
 		ep.queue.emit(c)
 		return

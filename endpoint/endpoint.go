@@ -68,6 +68,12 @@ func (o *Owner) PeerGone(cause error) {
 	o.ep.disconnect()
 }
 
+// Received is closed when the first receive completes without error: the
+// peer is connected and sending. The accepting side's CM calls the
+// connection established only when the dialer's RTU arrives; if it was
+// lost, this is how cm learns the connection is up anyway.
+func (o *Owner) Received() <-chan struct{} { return o.ep.received }
+
 // Endpoint is a connected queue pair. Post* and Close are safe for
 // concurrent use.
 type Endpoint struct {
@@ -91,6 +97,8 @@ type Endpoint struct {
 	scratch   []Request // postOne's single request, reused
 	sendTaken []uint32  // slots taken by the batch being posted, reused
 	recvTaken []uint32
+	received  chan struct{} // closed at the first good receive (Owner.Received)
+	gotRecv   bool          // received is closed
 
 	unacked int // CQ events taken and not yet acked (completion goroutine only)
 	queue   completionQueue
@@ -222,6 +230,7 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
 	ep.queue.init(cfg.SendDepth + cfg.RecvDepth)
 	ep.kick = make(chan struct{}, 1)
+	ep.received = make(chan struct{})
 	go ep.pollLoop()
 	go ep.deliverLoop()
 	return ep, &Owner{ep: ep}, nil

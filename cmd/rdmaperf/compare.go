@@ -22,10 +22,13 @@ import (
 type row struct {
 	Test     string
 	Size     int
-	Poll     string // ours: event, busy or hybrid
-	Perftest float64
-	Ours     float64
+	Poll     string  // ours: event, busy or hybrid
+	Perftest float64 // median of PerftestRuns
+	Ours     float64 // median of OursRuns
 	Lat      bool
+	// Every run's figure: on a noisy machine a ratio means something
+	// only where the two spreads do not overlap much.
+	PerftestRuns, OursRuns []float64
 }
 
 func (r row) ratio() float64 {
@@ -74,7 +77,8 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	var rows []row
 	add := func(r row) {
 		rows = append(rows, r)
-		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f\n", r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio())
+		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f  runs %s / %s\n",
+			r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio(), spread(r.PerftestRuns), spread(r.OursRuns))
 	}
 	for _, test := range set.tests {
 		lat := strings.HasSuffix(test, "_lat")
@@ -123,7 +127,8 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 				}
 			}
 			for _, poll := range polls {
-				add(row{Test: test, Size: size, Poll: poll, Perftest: median(pts), Ours: median(ours[poll]), Lat: lat})
+				add(row{Test: test, Size: size, Poll: poll, Perftest: median(pts), Ours: median(ours[poll]), Lat: lat,
+					PerftestRuns: pts, OursRuns: ours[poll]})
 			}
 		}
 	}
@@ -217,6 +222,14 @@ func runOurs(ctx context.Context, self, test, host string, port, size, iters int
 	return r, json.Unmarshal(b, &r)
 }
 
+// spread is the lowest and highest of runs ("n/a" for none).
+func spread(runs []float64) string {
+	if len(runs) == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f-%.2f", slices.Min(runs), slices.Max(runs))
+}
+
 // median is the middle value (0 for none).
 func median(v []float64) float64 {
 	if len(v) == 0 {
@@ -252,14 +265,18 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 	b.WriteString("Bandwidth is BW average in MiB/s (perftest's MB/sec; higher is better, ratio = ours / perftest). " +
 		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
 		"perftest busy-polls; ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps). ")
-	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate.\n\n", repeat)
-	b.WriteString("| test | size | ours polling | perftest | ours | ratio |\n| --- | ---: | --- | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate. "+
+		"The last two columns are the lowest and highest run of each side: where they overlap, "+
+		"the ratio is within this machine's noise.\n\n", repeat)
+	b.WriteString("| test | size | ours polling | perftest | ours | ratio | perftest runs | ours runs |\n" +
+		"| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		pt, ratio := fmt.Sprintf("%.2f", r.Perftest), fmt.Sprintf("%.2f", r.ratio())
 		if r.Perftest == 0 {
 			pt, ratio = "n/a", "n/a"
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f | %s |\n", r.Test, r.Size, r.Poll, pt, r.Ours, ratio)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f | %s | %s | %s |\n", r.Test, r.Size, r.Poll, pt, r.Ours, ratio,
+			spread(r.PerftestRuns), spread(r.OursRuns))
 	}
 	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
 		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
@@ -292,18 +309,33 @@ const readingTheTable = `
   perftest's thread is woken once. What would close part of it: ` + "`Next`" + ` in event mode waiting
   on the completion channel itself, so that one goroutine wakes instead of two.
 - Bandwidth at 1 MiB is at perftest's or above (rxe's copying and checksumming are the
-  bound). At 64 KiB the ratio moves from run to run more than between settings: perftest
-  alone gave 47-66 MiB/s over 6 consecutive write_bw runs in one boot, and send_bw busy gave
-  0.88x, 0.95x and 0.74x in three comparisons (medians of 3) within 40 minutes. A system-wide profile (` + "`perf record -a`" + `,
-  read_bw 64 KiB, busy, one boot): rxe does the protocol work in the kernel, in the context of
-  the thread that rings the doorbell, and the loopback hands every packet to the softirq of
-  the same CPU, so 47% of our samples are kernel code in our client thread, 2% our Go code and
-  49% the idle loop of the other CPU. What is ours to spend is the CPU time the Go runtime's
-  other threads take from rxe's: GOMAXPROCS=1 beat the default in 5 of 5 alternating send_bw
-  64 KiB pairs in one boot (64-72 against 53-67 MiB/s) but in only 2 of 4 in another, which
-  this machine's noise does not let us settle. Depth 16-256, 1-64 requests per post, and 16 or
-  128 reads in flight (` + "`cm.WithReadDepth`" + `, perftest asks for the device's 128) showed no
-  difference beyond that noise.
+  bound). At 64 KiB the ratio moves from run to run more than between settings, and most
+  of that is perftest's own spread: over 4 boots on 2026-11-23 (01:00-01:40 UTC, send_bw
+  64 KiB, busy, perftest and ours alternating, 5000 messages unless said) perftest's runs gave
+  46-75 MiB/s and ours 50-71. In the quietest boot perftest gave 66-74 (8 runs) and ours 66-71
+  (8 runs): medians 0.93x, and 0.94x with each side pinned to its own CPU (` + "`taskset`" + `);
+  in another, with 15000 messages, 0.93x and 0.95x. rxe's hardware counters
+  (/sys/class/infiniband/rxe0/ports/1/hw_counters) rose alike for both tools: 1-2 retransmit
+  timeouts (completer_retry_err) and 1-31 duplicate requests per 5000 messages, so loss on the
+  loopback costs both the same. Our QPs keep the CM's ack timeout: perftest's -u default (14,
+  67 ms) made ours retransmit 66-81 times per run and fall to 40-61 MiB/s, because 128
+  messages of 64 KiB queued behind one another take longer than that to be acknowledged here.
+  A system-wide profile (` + "`perf record -a`" + `, read_bw 64 KiB, busy, one boot): rxe does the
+  protocol work in the kernel, in the context of the thread that rings the doorbell, and the
+  loopback hands every packet to the softirq of the same CPU, so 47% of our samples are
+  kernel code in our client thread, 2% our Go code and 49% the idle loop of the other CPU.
+  For send_bw 64 KiB (same tool, 01:25 UTC): rxe's checksumming and copying took 33% of
+  perftest's samples and 36% of ours, thread switches 1.2% and 2.4%, and the rest is each
+  side spinning on its CQ (perftest in librxe's lock, ours also going in and out of C). What
+  is ours to spend is the CPU time the Go runtime's other threads take from rxe's: GOMAXPROCS=1
+  beat the default in 5 of 5 alternating send_bw 64 KiB pairs in one boot (64-72 against 53-67
+  MiB/s) but in only 2 of 4 in another, 2 of 4 in a third and 6 of 12 (send, write and read
+  at 64 KiB, 4 each) in a fourth, which this machine's noise does not let us settle. read_bw
+  64 KiB moved no rxe counter in 3 alternating rounds (2026-11-23 01:32 UTC) while perftest
+  gave 45-73 MiB/s and ours 51-66; 8 reads per post instead of 64 gave 51-56. Depth 16-256, 1-64 requests per post, and 16 or 128 reads in flight
+  (` + "`cm.WithReadDepth`" + `, perftest asks for the device's 128) showed no difference beyond that
+  noise. Telling a 5% gap from this noise needs many more runs than a ` + "`make bench`" + ` fits in
+  the guest's 20 minutes.
 - Message rate at 64 B depends on requests per post: each post is a crossing and a doorbell
   (a syscall on rxe), and one completion stands for a post (perftest's cq_mod is 100). With 16
   per post send_bw measured 0.69-0.99x perftest, with 32 0.77-1.16x, with 64 (the default)
@@ -315,6 +347,6 @@ const readingTheTable = `
 - The kernel's CM leaves a QP's RNR timer at 655 ms; on rxe a message that found no receive
   posted then stalled the run for ~0.7 s (send_bw 64 B fell to 0.9 MiB/s in runs that hit one).
   cm sets 0.64 ms (` + "`cm.WithRNRTimer`" + `), as perftest and rc_pingpong do.
-- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 12.3-21.6 µs over
-  this day's runs), hence the medians of alternating runs; compare ratios within one table.
+- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 10.6-21.6 µs over
+  the runs of 2026-11-22 and 23), hence the medians of alternating runs; compare ratios within one table.
 `

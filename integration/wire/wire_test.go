@@ -12,6 +12,7 @@ import (
 	"hash/crc32"
 	"net"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -33,12 +34,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // until TestWireLoss5 ended a healthy connection with 2.0 s of silence
 // (1 run of 5 on 2026-11-22): rxe recovers a lost packet only when a later
 // one shows the gap, so a few losses in a row under 5% loss and -race can
-// keep the peer quiet that long.
+// keep the peer quiet that long. At 4 s it failed again (.ci/run,
+// 2026-11-23 02:00 UTC, silence of 4.006 s after 31 messages) while the
+// server's Accept never returned: the dialer's RTU, the last message of
+// the CM's handshake, was lost, so the server was not yet connected and
+// did not run msg, and the kernel CM resends its REP (which makes the
+// dialer resend the RTU) only after 4.1 s (CMA_CM_RESPONSE_TIMEOUT). cm's
+// Accept now learns of the connection from the dialer's first message
+// (TestWireLostRTU); the timeout is msg's default, 10 s, all the same.
 const (
 	ackTimeout       = 14 // 67 ms, for the devices that honour it
 	keepalive        = 250 * time.Millisecond
-	keepaliveTimeout = 4 * time.Second
-	cutBound         = 10 * time.Second
+	keepaliveTimeout = 10 * time.Second
+	cutBound         = 15 * time.Second
 )
 
 func opts() []msg.Option {
@@ -48,9 +56,18 @@ func opts() []msg.Option {
 // netem puts a netem qdisc on this guest's NIC until the test ends.
 func netem(t *testing.T, dev string, args ...string) {
 	t.Helper()
-	out, err := exec.Command("tc", append([]string{"qdisc", "replace", "dev", dev, "root", "netem"}, args...)...).CombinedOutput()
-	require.NoError(t, err, "tc: %s", out)
+	tc(t, dev, append([]string{"qdisc", "replace", "dev", dev, "root", "netem"}, args...))
+}
+
+// tc runs each tc command (its arguments after "tc") and removes dev's root
+// qdisc, with any filter on it, when the test ends.
+func tc(t *testing.T, dev string, cmds ...[]string) {
+	t.Helper()
 	t.Cleanup(func() { exec.Command("tc", "qdisc", "del", "dev", dev, "root").Run() })
+	for _, args := range cmds {
+		out, err := exec.Command("tc", args...).CombinedOutput()
+		require.NoError(t, err, "tc %s: %s", strings.Join(args, " "), out)
+	}
 }
 
 // pair connects guest 1 to guest 0 on port; each side gets its end.
@@ -103,12 +120,26 @@ func check(b []byte, seq int) error {
 // rendezvous: an RDMA READ across the link); the server checks each one's
 // sequence number and checksum and answers when all arrived.
 func transfer(t *testing.T, port int, fault ...string) {
+	name := strings.Join(fault, " ")
+	if name == "" {
+		name = "no fault"
+	}
+	transferWith(t, port, name, func(dev string) {
+		if len(fault) > 0 {
+			netem(t, dev, fault...)
+		}
+	})
+}
+
+// transferWith is transfer with a fault that setup puts on the dialer's
+// guest's NIC (dev) before it dials; name describes it.
+func transferWith(t *testing.T, port int, name string, setup func(dev string)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, _, server, dev := rxetest.Peer(t)
 	rxetest.CheckResources(t)
-	if !server && len(fault) > 0 {
-		netem(t, dev, fault...)
+	if !server {
+		setup(dev)
 	}
 	c := pair(t, ctx, port)
 	sizes := make([]int, 257)
@@ -138,7 +169,7 @@ func transfer(t *testing.T, port int, fault ...string) {
 	require.NoError(t, err)
 	require.Equal(t, "all intact", string(got))
 	d := time.Since(start)
-	t.Logf("netem %q: %d messages, %.1f MB in %v: %.2f MB/s, all intact", strings.Join(fault, " "),
+	t.Logf("%q: %d messages, %.1f MB in %v: %.2f MB/s, all intact", name,
 		len(sizes), float64(total)/1e6, d.Round(time.Millisecond), float64(total)/d.Seconds()/1e6)
 	require.NoError(t, c.Send(ctx, []byte("bye")))
 }
@@ -147,6 +178,37 @@ func TestWireClean(t *testing.T)   { transfer(t, 7601) }
 func TestWireLoss1(t *testing.T)   { transfer(t, 7602, "loss", "1%") }
 func TestWireLoss5(t *testing.T)   { transfer(t, 7603, "loss", "5%") }
 func TestWireDelay10(t *testing.T) { transfer(t, 7604, "delay", "10ms") }
+
+// TestWireLostRTU: the dialer's guest drops every CM RTU it sends, so the
+// kernel CM of the accepting side never sees the handshake end. The
+// accepting side learns the connection is up from the first message it
+// receives (rdma_notify); without that its Accept never returned.
+func TestWireLostRTU(t *testing.T) {
+	transferWith(t, 7606, "every RTU dropped", func(dev string) { dropRTU(t, dev) })
+	if _, _, server, dev := rxetest.Peer(t); !server {
+		// The filter must have dropped the RTU, or this tested nothing.
+		out, err := exec.Command("tc", "-s", "filter", "show", "dev", dev, "parent", "1:").CombinedOutput()
+		require.NoError(t, err, "tc: %s", out)
+		m := regexp.MustCompile(`dropped (\d+)`).FindStringSubmatch(string(out))
+		require.NotNil(t, m, "no drop count in tc's output: %s", out)
+		require.NotEqual(t, "0", m[1], "the filter dropped no RTU: %s", out)
+	}
+}
+
+// dropRTU drops the CM's RTU messages this guest sends on dev until the
+// test ends. They are RoCEv2 packets (UDP port 4791) carrying a MAD of the
+// CM class (7) with attribute 0x0014; u32 offsets count from the IPv4
+// header: 20 IP + 8 UDP + 12 BTH + 8 DETH, then the MAD's class at +1 and
+// its attribute ID at +16.
+func dropRTU(t *testing.T, dev string) {
+	t.Helper()
+	tc(t, dev,
+		[]string{"qdisc", "replace", "dev", dev, "root", "handle", "1:", "prio"},
+		[]string{"filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+			"match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", "4791", "0xffff",
+			"match", "u8", "0x07", "0xff", "at", "49", "match", "u16", "0x0014", "0xffff", "at", "64",
+			"action", "drop"})
+}
 
 // TestWireCut: the link is cut (netem loss 100%) and stays cut longer than
 // the transport timeout. Both sides, which keep sending, end the connection

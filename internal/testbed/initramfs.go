@@ -22,6 +22,7 @@ var guestModules = []string{
 	"crc32_generic", "crc32-pclmul",
 	"ib_uverbs", "rdma_rxe", "rdma_ucm",
 	"dummy", "veth", "virtio_net", "sch_netem",
+	"sch_prio", "cls_u32", "act_gact", // the wire tests' RTU filter
 }
 
 // guestConfig is what one guest's init needs to know.

@@ -270,6 +270,17 @@ func (id *CMID) Connect(cp ConnParam) error {
 	return nil
 }
 
+// NotifyEstablished tells the CM that the QP has received (rdma_notify with
+// IBV_EVENT_COMM_EST): the connection is up even though the handshake's
+// last message, the dialer's RTU, has not arrived. ESTABLISHED follows.
+// It fails (EINVAL, EISCONN) once the connection is established.
+func (id *CMID) NotifyEstablished() error {
+	if ret, err := C.rdma_notify(id.p, C.IBV_EVENT_COMM_EST); ret != 0 {
+		return callError("rdma_notify", err)
+	}
+	return nil
+}
+
 // Accept accepts a connect request on this (new) id; ESTABLISHED follows.
 func (id *CMID) Accept(cp ConnParam) error {
 	if len(cp.PrivateData) > MaxAcceptPrivateData {

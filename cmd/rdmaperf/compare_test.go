@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Output of perftest 4.5 on rxe, as -compare reads it.
+const (
+	sendBWOutput = `---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      5000             72.66              54.73  		   0.000876
+---------------------------------------------------------------------------------------
+`
+	sendLatOutput = `---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 64      1000          9.80           151.20       10.63     	11.02       	2.95   		19.40   		151.20  
+---------------------------------------------------------------------------------------
+`
+)
+
+func TestParsePerftestTakesAverageBandwidthAndTypicalLatency(t *testing.T) {
+	bw, err := parsePerftest(sendBWOutput, false)
+	require.NoError(t, err)
+	assert.Equal(t, 54.73, bw, "BW average, not BW peak (72.66): ours is an average too")
+
+	lat, err := parsePerftest(sendLatOutput, true)
+	require.NoError(t, err)
+	assert.Equal(t, 10.63, lat, "t_typical")
+
+	_, err = parsePerftest("Couldn't connect to 10.77.0.1:18701\n", false)
+	assert.ErrorContains(t, err, "no result")
+}
+
+func TestMedianAndSpread(t *testing.T) {
+	runs := []float64{72.99, 44.86, 52.52}
+	assert.Equal(t, 52.52, median(runs))
+	assert.Equal(t, []float64{72.99, 44.86, 52.52}, runs, "median sorts a copy")
+	assert.Equal(t, "44.86-72.99", spread(runs))
+	assert.Equal(t, "n/a", spread(nil))
+	assert.Equal(t, 0.0, median(nil))
+}
+
+func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	rows := []row{
+		{Test: "read_bw", Size: 65536, Poll: "busy", Perftest: 52.52, Ours: 62.26,
+			PerftestRuns: []float64{72.99, 44.86, 52.52}, OursRuns: []float64{62.26, 66.41, 51.17}},
+		{Test: "write_imm_bw", Size: 64, Poll: "busy", Ours: 1.93, OursRuns: []float64{1.93}},
+	}
+	require.NoError(t, writeMarkdown(path, rows, result{}, 3))
+	md, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "| read_bw | 65536 | busy | 52.52 | 62.26 | 1.19 | 44.86-72.99 | 51.17-66.41 |\n")
+	assert.Contains(t, string(md), "| write_imm_bw | 64 | busy | n/a | 1.93 | n/a | n/a | 1.93-1.93 |\n")
+	assert.True(t, strings.HasSuffix(string(md), readingTheTable))
+}
