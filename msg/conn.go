@@ -71,6 +71,7 @@ type Conn struct {
 	// credits it granted and messages it received in all (the peer's
 	// credits are recvDepth + granted - received).
 	lastSend, lastRecv     time.Time
+	lastCheck              time.Time // the control loop's last silence check
 	granted, receivedTotal int
 	reading                int // this side's RDMA READs of the peer's rendezvous regions in flight
 

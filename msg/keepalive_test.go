@@ -51,3 +51,60 @@ func TestSilenceRule(t *testing.T) {
 		t.Fatalf("3 s after our read: got %v, want ErrPeerSilent", err)
 	}
 }
+
+// TestSilenceRuleSkipsOwnStalls: time in which this side did not run (its
+// checks came far apart) is not the peer's silence, and a peer that stays
+// silent once this side runs again is still caught.
+func TestSilenceRuleSkipsOwnStalls(t *testing.T) {
+	start := time.Unix(1000, 0)
+	const tick = 500 * time.Millisecond
+	c := &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
+		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}
+	at := start
+	check := func() error { return c.checkSilence(at) }
+	for ; !at.After(start.Add(1500 * time.Millisecond)); at = at.Add(tick) {
+		if err := check(); err != nil {
+			t.Fatalf("%v of silence: got %v, want nil", at.Sub(start), err)
+		}
+	}
+	at = at.Add(30 * time.Second) // the next tick came 30 s late: this process was stopped
+	if err := check(); err != nil {
+		t.Fatalf("first check after this side stalled 30 s: got %v, want nil", err)
+	}
+	// 1.5 s of silence before the stall and one tick after it: the peer
+	// has 1 s left, so the third tick from here finds it silent.
+	for range 2 {
+		at = at.Add(tick)
+		if err := check(); err != nil {
+			t.Fatalf("%v: got %v, want nil", at.Sub(start), err)
+		}
+	}
+	at = at.Add(tick)
+	if err := check(); !errors.Is(err, ErrPeerSilent) {
+		t.Fatalf("peer still silent 3.5 s of running time on: got %v, want ErrPeerSilent", err)
+	}
+}
+
+// TestSilenceRuleStallThenMessage: a message taken right after this side's
+// stall ends the silence; the stall is not discounted again on top of it,
+// so a peer silent from then on is caught a timeout later.
+func TestSilenceRuleStallThenMessage(t *testing.T) {
+	start := time.Unix(1000, 0)
+	const tick = 500 * time.Millisecond
+	c := &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
+		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}
+	if err := c.checkSilence(start); err != nil {
+		t.Fatal(err)
+	}
+	at := start.Add(20 * time.Second) // stopped for 20 s
+	c.lastRecv = at.Add(-10 * time.Millisecond)
+	heard := c.lastRecv
+	for ; !at.After(heard.Add(3 * time.Second)); at = at.Add(tick) {
+		if err := c.checkSilence(at); err != nil {
+			t.Fatalf("%v after the message: got %v, want nil", at.Sub(heard), err)
+		}
+	}
+	if err := c.checkSilence(at); !errors.Is(err, ErrPeerSilent) {
+		t.Fatalf("%v after the message: got %v, want ErrPeerSilent", at.Sub(heard), err)
+	}
+}

@@ -212,10 +212,25 @@ func (c *Conn) controlLoop() {
 // registering the region takes the goroutine that takes the peer's
 // messages), those messages wait. A 64 MiB rendezvous under TCG with -race
 // kept keepalives back for 27-52 s.)
+//
+// Nor does time in which this side itself did not run: a check later than
+// one tick after the previous one means the process was stopped (a GC
+// stop-the-world waiting on a long non-preemptible copy, a descheduled
+// VM), and the peer's messages could not be taken then either. Under TCG
+// with -race a 64 MiB copy stopped the whole process for 5-35 s, and the
+// keepalive ended the healthy connection it was sent on.
 func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
 	}
+	if tick := c.o.keepalive / 2; tick > 0 && !c.lastCheck.IsZero() {
+		// Stopped from stalledFrom to now. A message taken since then
+		// (lastRecv later) was heard after the stop: nothing to discount.
+		if stalledFrom := c.lastCheck.Add(tick); now.After(stalledFrom) && c.lastRecv.Before(stalledFrom) {
+			c.lastRecv = c.lastRecv.Add(now.Sub(stalledFrom))
+		}
+	}
+	c.lastCheck = now
 	peerCredits := c.o.recvDepth + c.granted - c.receivedTotal
 	if peerCredits < 1 || len(c.rvSend) > 0 || c.reading > 0 {
 		c.lastRecv = now

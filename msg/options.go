@@ -68,7 +68,10 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // connection never notices a dead peer at all; the keepalive does both.
 // Silence does not count while a rendezvous is being read either way: the
 // reader's messages wait behind its RDMA READ, and the reader takes none
-// while it registers the region and reads.
+// while it registers the region and reads. Nor does time in which this side
+// itself was stopped (its checks, every interval/2, came late): a GC pause
+// behind a long copy stops every goroutine, the ones that take the peer's
+// messages too.
 func WithKeepalive(interval, timeout time.Duration) Option {
 	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
 }
