@@ -60,3 +60,20 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 	assert.Contains(t, string(md), "| write_imm_bw | 64 | busy | n/a | 1.93 | n/a | n/a | 1.93-1.93 |\n")
 	assert.True(t, strings.HasSuffix(string(md), readingTheTable))
 }
+
+func TestChartSeriesIsBusyPollingInSizeOrder(t *testing.T) {
+	var rows []row
+	for i := len(compareSizes) - 1; i >= 0; i-- {
+		for _, poll := range []string{"event", "busy"} {
+			rows = append(rows, row{Test: "send_bw", Size: compareSizes[i], Poll: poll, Ours: float64(i)})
+		}
+	}
+	rows = append(rows, row{Test: "write_bw", Size: 64, Poll: "busy"})
+	got := chartSeries(rows, "send_bw")
+	require.Len(t, got, len(compareSizes), "one point per size")
+	for i, r := range got {
+		assert.Equal(t, compareSizes[i], r.Size)
+		assert.Equal(t, "busy", r.Poll)
+	}
+	require.NoError(t, writeChart(filepath.Join(t.TempDir(), "bench.png"), rows))
+}
