@@ -52,14 +52,22 @@ func TestSilenceRule(t *testing.T) {
 	}
 }
 
+// tick is how often tickingConn's control loop checks (half its keepalive).
+const tick = 500 * time.Millisecond
+
+// tickingConn is a connection whose peer was last heard at start, with a
+// 1 s keepalive and a 3 s timeout.
+func tickingConn() (c *Conn, start time.Time) {
+	start = time.Unix(1000, 0)
+	return &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
+		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}, start
+}
+
 // TestSilenceRuleSkipsOwnStalls: time in which this side did not run (its
 // checks came far apart) is not the peer's silence, and a peer that stays
 // silent once this side runs again is still caught.
 func TestSilenceRuleSkipsOwnStalls(t *testing.T) {
-	start := time.Unix(1000, 0)
-	const tick = 500 * time.Millisecond
-	c := &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
-		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}
+	c, start := tickingConn()
 	at := start
 	check := func() error { return c.checkSilence(at) }
 	for ; !at.After(start.Add(1500 * time.Millisecond)); at = at.Add(tick) {
@@ -89,10 +97,7 @@ func TestSilenceRuleSkipsOwnStalls(t *testing.T) {
 // stall ends the silence; the stall is not discounted again on top of it,
 // so a peer silent from then on is caught a timeout later.
 func TestSilenceRuleStallThenMessage(t *testing.T) {
-	start := time.Unix(1000, 0)
-	const tick = 500 * time.Millisecond
-	c := &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
-		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}
+	c, start := tickingConn()
 	if err := c.checkSilence(start); err != nil {
 		t.Fatal(err)
 	}
