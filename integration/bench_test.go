@@ -46,6 +46,25 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs, "PostWrite + Next allocates")
+
+	rpool := newPool(t, p.server, 64, 1)
+	rb, _ := rpool.TryGet()
+	defer rpool.Put(rb)
+	allocs = testing.AllocsPerRun(500, func() {
+		if err := p.server.PostRecv(nil, rb); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.client.PostSend(nil, b, 64); err != nil {
+			t.Fatal(err)
+		}
+		if c := <-p.client.Completions(); c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		if c := <-p.server.Completions(); c.Err != nil || c.Len != 64 {
+			t.Fatal(c.Err, c.Len)
+		}
+	})
+	require.Zero(t, allocs, "PostRecv + PostSend + both completions allocate")
 }
 
 func BenchmarkPoolGetPut(b *testing.B) {
@@ -89,5 +108,52 @@ func BenchmarkPostWrite64(b *testing.B) {
 	}
 	for ; inflight > 0; inflight-- {
 		<-p.client.Completions()
+	}
+}
+
+// BenchmarkPostSend64 sends 64-byte messages, keeping 16 in flight: each
+// op is a send posted, its completion, the receive's completion at the
+// peer and that receive posted again (the peer keeps 32 posted, so a send
+// never finds none).
+func BenchmarkPostSend64(b *testing.B) {
+	p := benchPair(b)
+	send, err := bufpool.New(p.client.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(b, err)
+	defer send.Close()
+	recv, err := bufpool.New(p.server.PD(), bufpool.Size(64), bufpool.Count(32))
+	require.NoError(b, err)
+	defer recv.Close()
+	for range 32 {
+		rb, _ := recv.TryGet()
+		require.NoError(b, p.server.PostRecv(nil, rb))
+	}
+	buf, _ := send.TryGet()
+	defer send.Put(buf)
+	reap := func() {
+		if c := <-p.client.Completions(); c.Err != nil {
+			b.Fatal(c.Err)
+		}
+		c := <-p.server.Completions()
+		if c.Err != nil {
+			b.Fatal(c.Err)
+		}
+		if err := p.server.PostRecv(nil, c.Buffer); err != nil {
+			b.Fatal(err)
+		}
+	}
+	inflight := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for inflight >= 16 {
+			reap()
+			inflight--
+		}
+		if err := p.client.PostSend(nil, buf, 64); err != nil {
+			b.Fatal(err)
+		}
+		inflight++
+	}
+	for ; inflight > 0; inflight-- {
+		reap()
 	}
 }
