@@ -297,7 +297,15 @@ const readingTheTable = `
   15.7 µs; C alone 13.0-15.8 µs; this library 18-20 µs. A cgo crossing costs about 0.4 µs in
   the guest (20 ns on the host) and a post or a poll through the library 1-2 µs of Go on top.
   Closing more of it needs polling that does not cross into C (reading the provider's CQ ring,
-  which ties the code to one provider) or fewer Go instructions per message.
+  which ties the code to one provider) or fewer Go instructions per message. A profile of our
+  send_lat 64 B client (` + "`perf record -g`" + ` in the guest, 2026-11-23 08:45 UTC): the Go
+  runtime's cgo transitions (entersyscall, exitsyscall, cgocall, asmcgocall) took 4.6% of its
+  samples and the poll itself (go_poll_cq) 1.9%, no other Go function above 1%; 11% were the
+  kernel switching threads, 4.5% of them the runtime's sysmon sleeping and waking. Ruled out
+  the same day (send_lat 64 B busy, 4 alternating rounds of 10000 iterations in one boot each,
+  a slow stretch): a spinning Next that never yields (no runtime.Gosched, which wakes an idle
+  thread) gave 26.3-35.8 µs against 26.0-29.8 with the yield (perftest 19.0-20.2), and
+  GOMAXPROCS=1 on both sides 28.2-35.4 against 17.4-38.2 with 2 (perftest 18.9-23.8).
 - Event polling (the default) pays a sleep and a wake-up through Go's netpoller for every
   completion that finds the completion goroutine asleep: in ping-pong latency that is every
   message. In one boot (2026-11-22 22:31 UTC, 3 alternating rounds of 3000 iterations at 64 B)
