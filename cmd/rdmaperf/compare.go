@@ -29,6 +29,9 @@ type row struct {
 	// Every run's figure: on a noisy machine a ratio means something
 	// only where the two spreads do not overlap much.
 	PerftestRuns, OursRuns []float64
+	// RNR NAKs rxe counted during the runs (rnrDelta), summed: each one
+	// stalls a send test, so they explain a run that fell short.
+	PerftestRNR, OursRNR int64
 }
 
 func (r row) ratio() float64 {
@@ -77,8 +80,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	var rows []row
 	add := func(r row) {
 		rows = append(rows, r)
-		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f  runs %s / %s\n",
-			r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio(), spread(r.PerftestRuns), spread(r.OursRuns))
+		fmt.Printf("%-13s %8d %-7s perftest %10.2f  ours %10.2f  ratio %5.2f  runs %s / %s  rnr %d / %d\n",
+			r.Test, r.Size, r.Poll, r.Perftest, r.Ours, r.ratio(), spread(r.PerftestRuns), spread(r.OursRuns),
+			r.PerftestRNR, r.OursRNR)
 	}
 	for _, test := range set.tests {
 		lat := strings.HasSuffix(test, "_lat")
@@ -89,7 +93,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		for _, size := range set.sizes {
 			iters := defaultIters(test, size)
 			var pts []float64
+			var ptRNR int64
 			ours := make(map[string][]float64)
+			oursRNR := make(map[string]int64)
 			perftest := func() {
 				tool, ok := perftestTool[test]
 				if !ok {
@@ -97,7 +103,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 				}
 				// perftest itself sometimes hangs on rxe under TCG; its
 				// run is then left out (n/a when no run finished).
+				rnr := rnrDelta()
 				pt, err := runPerftest(ctx, tool, host, nextPort(), size, iters, lat)
+				ptRNR += rnr()
 				if err != nil {
 					fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
 					return
@@ -112,7 +120,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 					perftest()
 				}
 				for _, poll := range polls {
+					rnr := rnrDelta()
 					r, err := runOurs(ctx, self, test, host, nextPort(), size, iters, poll)
+					oursRNR[poll] += rnr()
 					if err != nil {
 						return fmt.Errorf("rdmaperf %s %d B %s: %w", test, size, poll, err)
 					}
@@ -128,7 +138,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 			}
 			for _, poll := range polls {
 				add(row{Test: test, Size: size, Poll: poll, Perftest: median(pts), Ours: median(ours[poll]), Lat: lat,
-					PerftestRuns: pts, OursRuns: ours[poll]})
+					PerftestRuns: pts, OursRuns: ours[poll], PerftestRNR: ptRNR, OursRNR: oursRNR[poll]})
 			}
 		}
 	}
@@ -222,6 +232,33 @@ func runOurs(ctx context.Context, self, test, host string, port, size, iters int
 	return r, json.Unmarshal(b, &r)
 }
 
+// rnrCounter counts the RNR NAKs rxe0 received: sends that found no receive
+// posted at the peer. Both peers of a test are on rxe0, so it counts the
+// test's own.
+const rnrCounter = "/sys/class/infiniband/rxe0/ports/1/hw_counters/rcvd_rnr_err"
+
+// rnrDelta reads rnrCounter now; the function it returns gives how much it
+// rose since (0 where the device has no such counter).
+func rnrDelta() func() int64 {
+	before, ok := readCounter(rnrCounter)
+	return func() int64 {
+		after, ok2 := readCounter(rnrCounter)
+		if !ok || !ok2 {
+			return 0
+		}
+		return after - before
+	}
+}
+
+func readCounter(path string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v, err == nil
+}
+
 // spread is the lowest and highest of runs ("n/a" for none).
 func spread(runs []float64) string {
 	if len(runs) == 0 {
@@ -278,10 +315,27 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.2f | %s | %s | %s |\n", r.Test, r.Size, r.Poll, pt, r.Ours, ratio,
 			spread(r.PerftestRuns), spread(r.OursRuns))
 	}
+	b.WriteString(rnrNote(rows))
 	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
 		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
 	b.WriteString(readingTheTable)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// rnrNote lists the rows during whose runs the device counted RNR NAKs.
+func rnrNote(rows []row) string {
+	var hit []string
+	for _, r := range rows {
+		if r.PerftestRNR > 0 || r.OursRNR > 0 {
+			hit = append(hit, fmt.Sprintf("%s %d B %s (perftest %d, ours %d)", r.Test, r.Size, r.Poll, r.PerftestRNR, r.OursRNR))
+		}
+	}
+	const what = "\nRNR NAKs (rxe's rcvd_rnr_err; a send that found no receive posted waits 0.64 ms and is sent again) " +
+		"during a row's runs, summed: "
+	if len(hit) == 0 {
+		return what + "none.\n"
+	}
+	return what + strings.Join(hit, "; ") + ".\n"
 }
 
 // readingTheTable explains the gaps; it holds for the shape of the figures
@@ -352,6 +406,14 @@ const readingTheTable = `
   ours 42% kernel, 31% Go (of which going in and out of C about 6% and ` + "`go_poll_cq`" + ` 4.5%),
   12% librxe, 8% libc, and 4% switching between the runtime's threads, which perftest's top
   symbols do not show. RDMA read at 64 B is above perftest's (1.1-1.7x; not looked into).
+  Send at 64 B also meets receivers not ready (RNR), which write and read cannot: in 8 rounds
+  of send_bw 64 B busy, 20000 messages, on 2026-11-23 (09:20 UTC, two boots) the device counted
+  RNR NAKs in 4 of our runs (1-5 each) with 512 receives posted, perftest's default, in none
+  of 4 with 4096, and in none of perftest's 16 with either. Loopback rxe consumes the server's
+  receives in the client's own context, so a server that stops for longer than 512 messages
+  (about 15 ms here) runs dry; ours did so and perftest's did not (no garbage collection ran:
+  GODEBUG=gctrace=1). The figures spread too widely (1.14-2.38 MiB/s) to show what an RNR
+  costs, so the depth stays perftest's and the table counts them (above).
 - The kernel's CM leaves a QP's RNR timer at 655 ms; on rxe a message that found no receive
   posted then stalled the run for ~0.7 s (send_bw 64 B fell to 0.9 MiB/s in runs that hit one).
   cm sets 0.64 ms (` + "`cm.WithRNRTimer`" + `), as perftest and rc_pingpong do.

@@ -58,7 +58,29 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "| read_bw | 65536 | busy | 52.52 | 62.26 | 1.19 | 44.86-72.99 | 51.17-66.41 |\n")
 	assert.Contains(t, string(md), "| write_imm_bw | 64 | busy | n/a | 1.93 | n/a | n/a | 1.93-1.93 |\n")
+	assert.Contains(t, string(md), "during a row's runs, summed: none.\n")
 	assert.True(t, strings.HasSuffix(string(md), readingTheTable))
+}
+
+func TestRNRNoteNamesTheRowsThatHadThem(t *testing.T) {
+	rows := []row{
+		{Test: "send_bw", Size: 64, Poll: "event", PerftestRNR: 0, OursRNR: 0},
+		{Test: "send_bw", Size: 64, Poll: "busy", PerftestRNR: 1, OursRNR: 5},
+		{Test: "send_bw", Size: 4096, Poll: "busy", OursRNR: 2},
+	}
+	note := rnrNote(rows)
+	assert.Contains(t, note, "summed: send_bw 64 B busy (perftest 1, ours 5); send_bw 4096 B busy (perftest 0, ours 2).\n")
+	assert.NotContains(t, note, "event")
+}
+
+func TestReadCounter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rcvd_rnr_err")
+	require.NoError(t, os.WriteFile(path, []byte("42\n"), 0o644))
+	v, ok := readCounter(path)
+	assert.True(t, ok)
+	assert.Equal(t, int64(42), v)
+	_, ok = readCounter(filepath.Join(t.TempDir(), "missing"))
+	assert.False(t, ok, "no device, no counter")
 }
 
 func TestChartSeriesIsBusyPollingInSizeOrder(t *testing.T) {
