@@ -408,8 +408,8 @@ const readingTheTable = `
   symbols do not show. RDMA read at 64 B is above perftest's (1.1-1.7x; not looked into).
   Send at 64 B also meets receivers not ready (RNR), which write and read cannot: in 8 rounds
   of send_bw 64 B busy, 20000 messages, on 2026-11-23 (09:20 UTC, two boots) the device counted
-  RNR NAKs in 4 of our runs (1-5 each) with 512 receives posted, perftest's default, in none
-  of 4 with 4096, and in none of perftest's 16 with either. Loopback rxe consumes the server's
+  RNR NAKs in 4 of our 8 runs (1-5 each) with 512 receives posted, perftest's default, in none
+  of 8 with 4096, and in none of perftest's 16 with either. Loopback rxe consumes the server's
   receives in the client's own context, so a server that stops for longer than 512 messages
   (about 15 ms here) runs dry; ours did so and perftest's did not (no garbage collection ran:
   GODEBUG=gctrace=1). The figures spread too widely (1.14-2.38 MiB/s) to show what an RNR
