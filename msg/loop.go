@@ -156,7 +156,7 @@ func (c *Conn) controlLoop() {
 	defer close(c.ctrlDone)
 	var tick <-chan time.Time
 	if c.o.keepalive > 0 {
-		t := time.NewTicker(c.o.keepalive / 2)
+		t := time.NewTicker(c.o.checkEvery())
 		defer t.Stop()
 		tick = t.C
 	}
@@ -223,7 +223,7 @@ func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
 	}
-	if tick := c.o.keepalive / 2; tick > 0 && !c.lastCheck.IsZero() {
+	if tick := c.o.checkEvery(); tick > 0 && !c.lastCheck.IsZero() {
 		// Stopped from stalledFrom to now. A message taken since then
 		// (lastRecv later) was heard after the stop: nothing to discount.
 		if stalledFrom := c.lastCheck.Add(tick); now.After(stalledFrom) && c.lastRecv.Before(stalledFrom) {

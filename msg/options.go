@@ -75,3 +75,8 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 func WithKeepalive(interval, timeout time.Duration) Option {
 	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
 }
+
+// checkEvery is how often the control loop wakes to send keepalives and
+// check the peer's silence (0: only when something changes). The silence
+// rule reads a check later than this as this side having been stopped.
+func (o options) checkEvery() time.Duration { return o.keepalive / 2 }
