@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -20,12 +22,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
 // Errors callers match with errors.Is.
 var (
-	ErrClosed        = errors.New("bufpool: pool is closed")
+	// ErrClosed: the pool (or region, or protection domain) is closed.
+	// It matches net.ErrClosed too.
+	ErrClosed        = fmt.Errorf("bufpool: closed: %w", net.ErrClosed)
 	ErrDoublePut     = errors.New("bufpool: buffer put twice (it is already back in its pool)")
 	ErrForeignBuffer = errors.New("bufpool: buffer does not belong to this pool")
 	ErrRange         = errors.New("bufpool: range outside the buffer")
@@ -38,64 +43,71 @@ var (
 // then per connection, and a peer with a guessed rkey still cannot reach
 // another connection's memory. Get it from an endpoint (Endpoint.PD).
 //
-// A PD is reference counted: it is freed when the last endpoint, pool,
-// region and shared receive queue using it are closed, in any order.
+// The protection domain lives as long as anything uses it: it is freed
+// when the last endpoint, pool, region and shared receive queue on it are
+// closed, in any order. Making a pool or region on a PD whose users are
+// all closed fails with ErrClosed.
 type PD struct {
-	pd  *verbs.PD
-	dev uintptr // the device context it belongs to
-
-	mu   sync.Mutex
-	refs int
+	d *seam.Domain
 }
 
-// NewPD allocates a protection domain on the device with one reference,
-// for packages endpoint and cm.
-func NewPD(dev *verbs.Context) (*PD, error) {
-	vpd, err := dev.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	return &PD{pd: vpd, dev: dev.Key(), refs: 1}, nil
-}
-
-// Acquire takes one more reference, for packages endpoint and cm.
-func (p *PD) Acquire() {
-	p.mu.Lock()
-	p.refs++
-	p.mu.Unlock()
-}
-
-// Release drops one reference; the last frees the PD.
-func (p *PD) Release() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.refs--
-	if p.refs > 0 {
+func init() {
+	seam.WrapPD = func(d *seam.Domain) any { return &PD{d: d} }
+	seam.DomainOf = func(pd any) *seam.Domain {
+		if p, _ := pd.(*PD); p != nil {
+			return p.d
+		}
 		return nil
 	}
-	return p.pd.Dealloc()
+	seam.BufferSGE = func(buf any, off, n int) (verbs.SGE, *seam.Domain, error) {
+		return buf.(*Buffer).sge(off, n)
+	}
+	seam.SegmentSGE = func(seg any) (verbs.SGE, *seam.Domain, error) {
+		s := seg.(*Segment)
+		if s.buf == nil {
+			return verbs.SGE{}, nil, fmt.Errorf("%w: the zero Segment (make one with Buffer.Segment)", ErrRange)
+		}
+		return s.buf.sge(s.off, s.n)
+	}
+	seam.PutBack = func(buf any) {
+		if b := buf.(*Buffer); b.pool != nil && b.out.Load() {
+			b.pool.Put(b)
+		}
+	}
 }
 
-// OnDevice reports whether the PD belongs to the device context dev.
-func (p *PD) OnDevice(dev *verbs.Context) bool { return p.dev == dev.Key() }
+// acquire takes a reference on p's domain for a new pool or region.
+func (p *PD) acquire() error {
+	if p == nil || p.d == nil {
+		return fmt.Errorf("bufpool: nil protection domain (take one from an endpoint's PD method)")
+	}
+	if err := p.d.Acquire(); err != nil {
+		return fmt.Errorf("%w: %v", ErrClosed, err)
+	}
+	return nil
+}
 
-// Verbs is the underlying PD, for package endpoint.
-func (p *PD) Verbs() *verbs.PD { return p.pd }
-
-// Segment is registered memory as a work request names it.
+// Segment names a range of a Buffer for a scatter/gather work request.
+// Make one with Buffer.Segment; the zero Segment names nothing and is
+// refused by every post.
 type Segment struct {
-	Addr uint64
-	Len  uint32
-	LKey uint32
+	buf    *Buffer
+	off, n int
 }
+
+// Len is the segment's length in bytes.
+func (s Segment) Len() int { return s.n }
 
 // Buffer is one registered buffer: a slice of a pool, or a whole Region.
 type Buffer struct {
 	data  []byte
 	lkey  uint32
+	pd    *seam.Domain
 	pool  *Pool // nil for a region's buffer
 	index int
-	out   atomic.Bool // taken from its pool and not yet put back
+	// out: the buffer is its holder's to post. A pool's buffer is out from
+	// Get to Put; a region's from its making to its Close.
+	out atomic.Bool
 }
 
 // Bytes is the buffer's whole memory. Its length is the buffer size.
@@ -106,10 +118,25 @@ func (b *Buffer) Len() int { return len(b.data) }
 
 // Segment names [off, off+n) of the buffer for a work request.
 func (b *Buffer) Segment(off, n int) (Segment, error) {
-	if off < 0 || n < 0 || off+n > len(b.data) {
+	if off < 0 || n < 0 || off+n > len(b.data) || off+n < 0 {
 		return Segment{}, fmt.Errorf("%w: [%d, %d) of a %d-byte buffer", ErrRange, off, off+n, len(b.data))
 	}
-	return Segment{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b.data)))) + uint64(off), Len: uint32(n), LKey: b.lkey}, nil
+	return Segment{buf: b, off: off, n: n}, nil
+}
+
+// sge is [off, off+n) as a work request names it, checked.
+func (b *Buffer) sge(off, n int) (verbs.SGE, *seam.Domain, error) {
+	if !b.out.Load() {
+		if b.pool != nil {
+			return verbs.SGE{}, nil, errors.New("bufpool: the buffer is back in its pool (Put): get it again before posting it")
+		}
+		return verbs.SGE{}, nil, errors.New("bufpool: the buffer's region is closed")
+	}
+	if off < 0 || n < 0 || off+n > len(b.data) || off+n < 0 {
+		return verbs.SGE{}, nil, fmt.Errorf("%w: [%d, %d) of a %d-byte buffer", ErrRange, off, off+n, len(b.data))
+	}
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b.data)))) + uint64(off)
+	return verbs.SGE{Addr: addr, Len: uint32(n), LKey: b.lkey}, b.pd, nil
 }
 
 // Options configure a Pool.
@@ -129,7 +156,7 @@ func Count(n int) Option { return func(o *options) { o.count = n } }
 // Pool is a fixed set of equal buffers cut from one registered region.
 // Get and Put do not allocate.
 type Pool struct {
-	pd      *PD
+	pd      *seam.Domain
 	mem     []byte
 	mr      *verbs.MR
 	bufs    []Buffer
@@ -149,24 +176,28 @@ func New(pd *PD, opts ...Option) (*Pool, error) {
 	for _, f := range opts {
 		f(&o)
 	}
-	if o.size <= 0 || o.count <= 0 {
-		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive", o.size, o.count)
+	if o.size <= 0 || o.count <= 0 || o.size > math.MaxInt32/o.count {
+		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive, and their product below 2 GiB", o.size, o.count)
+	}
+	if err := pd.acquire(); err != nil {
+		return nil, err
 	}
 	mem, err := mapPages(o.size * o.count)
 	if err != nil {
+		pd.d.Release()
 		return nil, err
 	}
-	mr, err := pd.pd.RegMsgs(unsafe.Pointer(unsafe.SliceData(mem)), len(mem))
+	mr, err := pd.d.PD().RegMsgs(unsafe.Pointer(unsafe.SliceData(mem)), len(mem))
 	if err != nil {
 		unix.Munmap(mem)
+		pd.d.Release()
 		return nil, fmt.Errorf("bufpool: registering %d bytes: %w (a non-root user needs `ulimit -l unlimited`)", len(mem), err)
 	}
-	pd.Acquire()
-	p := &Pool{pd: pd, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
+	p := &Pool{pd: pd.d, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
 		free: make(chan *Buffer, o.count), closing: make(chan struct{})}
 	for i := range p.bufs {
 		b := &p.bufs[i]
-		*b = Buffer{data: mem[i*o.size : (i+1)*o.size : (i+1)*o.size], lkey: mr.LKey(), pool: p, index: i}
+		*b = Buffer{data: mem[i*o.size : (i+1)*o.size : (i+1)*o.size], lkey: mr.LKey(), pd: pd.d, pool: p, index: i}
 		p.free <- b
 	}
 	return p, nil

@@ -3,56 +3,78 @@ package bufpool_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 )
 
-// A pool of registered buffers on an endpoint's protection domain.
-func ExampleNew() {
+// A pool of registered buffers on a connection's protection domain, and a
+// region the peer may read. Memory is registered in a protection domain,
+// which a connection's endpoint provides; the pool and region serve that
+// connection only.
+func Example() {
 	ctx := context.Background()
-	ep, err := cm.Dial(ctx, "10.77.0.1:7471")
+	l, err := cm.Listen(ctx, net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "0"))
 	if err != nil {
+		fmt.Println(err)
 		return
 	}
-	defer func() {
-		ep.CloseAndDrain(nil)
+	defer l.Close()
+	go func() {
+		if ep, err := l.Accept(ctx); err == nil {
+			<-ep.Done() // until the dialer closes
+			ep.CloseAndDrain(nil)
+		}
 	}()
-	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(256))
+	ep, err := cm.Dial(ctx, l.Addr().String())
 	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ep.CloseAndDrain(nil)
+
+	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(16))
+	if err != nil {
+		fmt.Println(err)
 		return
 	}
 	defer pool.Close()
-	b, _ := pool.Get(ctx)
-	copy(b.Bytes(), "payload")
-	fmt.Println(pool.Stats().Out) // 1
-	pool.Put(b)
-}
-
-// A region the peer may read, and the 16 bytes that describe it.
-func ExampleNewRegion() {
-	ctx := context.Background()
-	ep, err := cm.Dial(ctx, "10.77.0.1:7471")
+	b, err := pool.Get(ctx)
 	if err != nil {
+		fmt.Println(err)
 		return
 	}
-	defer func() {
-		ep.CloseAndDrain(nil)
-	}()
+	copy(b.Bytes(), "payload") // fill it, then post it with ep.PostSend
+	fmt.Printf("%+v\n", pool.Stats())
+	if err := pool.Put(b); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(pool.Put(b)) // a second Put is refused and changes nothing
+
 	region, err := bufpool.NewRegion(ep.PD(), 1<<20, bufpool.RemoteRead)
 	if err != nil {
+		fmt.Println(err)
 		return
 	}
 	defer region.Close()
 	desc, _ := region.Remote().MarshalBinary() // send desc to the peer in a message
-	fmt.Println(len(desc))                     // 16
+	fmt.Println(len(desc), region.Remote().Len)
+	// Output:
+	// {Size:4096 Count:16 Free:15 Out:1}
+	// bufpool: buffer put twice (it is already back in its pool)
+	// 20 1048576
 }
 
 // The descriptor's encoding is fixed and needs no device.
 func ExampleRemote_MarshalBinary() {
 	b, _ := bufpool.Remote{Addr: 0x1000, RKey: 42, Len: 4096}.MarshalBinary()
 	var r bufpool.Remote
-	r.UnmarshalBinary(b)
+	if err := r.UnmarshalBinary(b); err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println(len(b), r.Addr, r.RKey, r.Len)
-	// Output: 16 4096 42 4096
+	// Output: 20 4096 42 4096
 }

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -25,19 +26,19 @@ const (
 // Remote describes a region to the peer: where it is and the key that
 // opens it. Send it in a message; its binary form is RemoteSize bytes.
 type Remote struct {
-	Addr uint64
-	RKey uint32
-	Len  uint32
+	Addr uint64 // the region's address in the peer's memory
+	RKey uint32 // the key the peer registered it with
+	Len  uint64 // its length in bytes
 }
 
 // RemoteSize is the length of Remote's binary encoding.
-const RemoteSize = 16
+const RemoteSize = 20
 
-// AppendBinary appends the 16-byte little-endian encoding: Addr, RKey, Len.
+// AppendBinary appends the 20-byte little-endian encoding: Addr, RKey, Len.
 func (r Remote) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.LittleEndian.AppendUint64(b, r.Addr)
 	b = binary.LittleEndian.AppendUint32(b, r.RKey)
-	return binary.LittleEndian.AppendUint32(b, r.Len), nil
+	return binary.LittleEndian.AppendUint64(b, r.Len), nil
 }
 
 // MarshalBinary encodes the descriptor (see AppendBinary).
@@ -50,7 +51,7 @@ func (r *Remote) UnmarshalBinary(b []byte) error {
 	}
 	r.Addr = binary.LittleEndian.Uint64(b)
 	r.RKey = binary.LittleEndian.Uint32(b[8:])
-	r.Len = binary.LittleEndian.Uint32(b[12:])
+	r.Len = binary.LittleEndian.Uint64(b[12:])
 	return nil
 }
 
@@ -59,12 +60,12 @@ func (r Remote) Slice(off, n int) (Remote, error) {
 	if off < 0 || n < 0 || uint64(off)+uint64(n) > uint64(r.Len) {
 		return Remote{}, fmt.Errorf("%w: [%d, %d) of a %d-byte remote region", ErrRange, off, off+n, r.Len)
 	}
-	return Remote{Addr: r.Addr + uint64(off), RKey: r.RKey, Len: uint32(n)}, nil
+	return Remote{Addr: r.Addr + uint64(off), RKey: r.RKey, Len: uint64(n)}, nil
 }
 
 // Region is memory registered with exactly the remote access asked for.
 type Region struct {
-	pd     *PD
+	pd     *seam.Domain
 	mem    []byte
 	mr     *verbs.MR
 	buf    Buffer
@@ -75,8 +76,14 @@ type Region struct {
 // NewRegion maps size bytes and registers them for local use plus access:
 // RemoteRead alone is rdma_reg_read, RemoteWrite alone rdma_reg_write.
 func NewRegion(pd *PD, size int, access Access) (*Region, error) {
-	if size <= 0 || size > 1<<32-1 {
-		return nil, fmt.Errorf("bufpool: region size %d must be in [1, 4 GiB)", size)
+	if size <= 0 {
+		return nil, fmt.Errorf("bufpool: region size %d must be positive", size)
+	}
+	if access&^(RemoteRead|RemoteWrite|RemoteAtomic) != 0 {
+		return nil, fmt.Errorf("bufpool: unknown access bits %#x", int(access&^(RemoteRead|RemoteWrite|RemoteAtomic)))
+	}
+	if err := pd.acquire(); err != nil {
+		return nil, err
 	}
 	flags := verbs.AccessLocalWrite
 	if access&RemoteRead != 0 {
@@ -90,16 +97,18 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 	}
 	mem, err := mapPages(size)
 	if err != nil {
+		pd.d.Release()
 		return nil, err
 	}
-	mr, err := pd.pd.RegMR(unsafe.Pointer(unsafe.SliceData(mem)), len(mem), flags)
+	mr, err := pd.d.PD().RegMR(unsafe.Pointer(unsafe.SliceData(mem)), len(mem), flags)
 	if err != nil {
 		unix.Munmap(mem)
+		pd.d.Release()
 		return nil, fmt.Errorf("bufpool: registering a %d-byte region: %w", size, err)
 	}
-	pd.Acquire()
-	r := &Region{pd: pd, mem: mem, mr: mr}
-	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey()}
+	r := &Region{pd: pd.d, mem: mem, mr: mr}
+	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey(), pd: pd.d}
+	r.buf.out.Store(true)
 	return r, nil
 }
 
@@ -111,7 +120,7 @@ func (r *Region) Buffer() *Buffer { return &r.buf }
 
 // Remote is the descriptor the peer needs to access the region.
 func (r *Region) Remote() Remote {
-	return Remote{Addr: r.mr.Addr(), RKey: r.mr.RKey(), Len: uint32(len(r.buf.data))}
+	return Remote{Addr: r.mr.Addr(), RKey: r.mr.RKey(), Len: uint64(len(r.buf.data))}
 }
 
 // Close deregisters the region (its rkey stops working at once) and unmaps
@@ -124,5 +133,6 @@ func (r *Region) Close() error {
 		return nil
 	}
 	r.closed = true
+	r.buf.out.Store(false) // posts of it are refused from now on
 	return errors.Join(r.mr.Dereg(), unix.Munmap(r.mem), r.pd.Release())
 }

@@ -12,11 +12,11 @@ func TestRemoteEncoding(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, b, RemoteSize)
 	// The encoding is fixed: little-endian Addr, RKey, Len.
-	require.Equal(t, []byte{8, 7, 6, 5, 4, 3, 2, 1, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0x10, 0}, b)
+	require.Equal(t, []byte{8, 7, 6, 5, 4, 3, 2, 1, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0x10, 0, 0, 0, 0, 0}, b)
 	var got Remote
 	require.NoError(t, got.UnmarshalBinary(b))
 	require.Equal(t, r, got)
-	require.Error(t, got.UnmarshalBinary(b[:15]), "a short descriptor is refused")
+	require.Error(t, got.UnmarshalBinary(b[:RemoteSize-1]), "a short descriptor is refused")
 	require.Error(t, got.UnmarshalBinary(append(b, 0)), "a long descriptor is refused")
 	require.Equal(t, r, got, "a refused decode changes nothing")
 }
@@ -30,4 +30,17 @@ func TestRemoteSlice(t *testing.T) {
 		_, err := r.Slice(bad[0], bad[1])
 		require.ErrorIs(t, err, ErrRange, "slice %v", bad)
 	}
+}
+
+// A region larger than 4 GiB is described whole.
+func TestRemoteDescribesLargeRegions(t *testing.T) {
+	r := Remote{Addr: 1 << 40, RKey: 1, Len: 5 << 30}
+	b, err := r.MarshalBinary()
+	require.NoError(t, err)
+	var got Remote
+	require.NoError(t, got.UnmarshalBinary(b))
+	require.Equal(t, r, got)
+	s, err := r.Slice(4<<30, 1<<30)
+	require.NoError(t, err)
+	require.Equal(t, Remote{Addr: 1<<40 + 4<<30, RKey: 1, Len: 1 << 30}, s)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -131,10 +132,10 @@ func eventError(ev *verbs.Event, step string) error {
 // channel and the goroutine that reads that channel for as long as the
 // endpoint lives.
 type conn struct {
-	id    *verbs.CMID
-	ch    *channel
-	owner *endpoint.Owner
-	log   zerolog.Logger
+	id  *verbs.CMID
+	ch  *channel
+	ctl *seam.Control
+	log zerolog.Logger
 
 	stopOnce sync.Once
 	stopping chan struct{}
@@ -152,6 +153,31 @@ type setupResult struct {
 func newConn(id *verbs.CMID, ch *channel, log zerolog.Logger) *conn {
 	return &conn{id: id, ch: ch, log: log, stopping: make(chan struct{}), loopDone: make(chan struct{}),
 		setup: make(chan setupResult, 1)}
+}
+
+// start creates the endpoint on c's id and starts reading its events.
+func (c *conn) start(cfg seam.EndpointConfig) (*endpoint.Endpoint, error) {
+	ep, ctl, err := seam.NewEndpoint(c.id, cfg, c.close)
+	if err != nil {
+		return nil, err
+	}
+	c.ctl = ctl
+	go c.run()
+	return ep.(*endpoint.Endpoint), nil
+}
+
+// prepare applies what must be set before the connection is requested or
+// accepted, and runs the caller's setup.
+func (c *conn) prepare(ep *endpoint.Endpoint, o connOptions, hs handshake) error {
+	if o.ackTimeout > 0 {
+		if err := c.id.SetAckTimeout(ackExponent(o.ackTimeout)); err != nil {
+			return err
+		}
+	}
+	if hs.setup != nil {
+		return hs.setup(ep)
+	}
+	return nil
 }
 
 // waitEstablished waits for the handshake's outcome (run must be running).
@@ -193,7 +219,7 @@ func (c *conn) run() {
 				continue // a stale deadline from setup
 			}
 			c.log.Error().Err(err).Msg("reading CM events; the connection is ended")
-			c.owner.PeerGone(fmt.Errorf("cm: reading events: %w", err))
+			c.ctl.PeerGone(fmt.Errorf("cm: reading events: %w", err))
 			<-c.stopping
 			return
 		}
@@ -210,9 +236,9 @@ func (c *conn) run() {
 				established = true // nothing more to report to setup
 				c.setup <- setupResult{err: err}
 			}
-			c.owner.PeerGone(err)
+			c.ctl.PeerGone(err)
 		case verbs.EventDeviceRemoval:
-			c.owner.PeerGone(ErrDeviceRemoved)
+			c.ctl.PeerGone(ErrDeviceRemoved)
 		case verbs.EventAddrChange:
 			c.log.Warn().Msg("the local address changed under an established connection")
 		}

@@ -6,8 +6,10 @@ package cm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -19,13 +21,9 @@ import (
 // resolution and the connection handshake. A peer that rejects, or a port
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
 // *RejectError carrying the peer's private data).
-func Dial(ctx context.Context, addr string, opts ...Option) (*endpoint.Endpoint, error) {
-	o := newOptions(opts)
-	if len(o.privateData) > verbs.MaxConnPrivateData {
-		return nil, fmt.Errorf("cm: dial %s: %d bytes of private data, a connect request carries at most %d",
-			addr, len(o.privateData), verbs.MaxConnPrivateData)
-	}
-	if err := o.validate(); err != nil {
+func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
+	o, err := newDialOptions(opts)
+	if err != nil {
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
 	host, port, err := net.SplitHostPort(addr)
@@ -49,14 +47,22 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*endpoint.Endpoint,
 	}
 	ep, err := dialOn(ctx, id, ch, ai, o)
 	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, err))
 	}
 	return ep, nil
 }
 
+// hint says what to do about a dial error a newcomer would not understand.
+func hint(host string, err error) string {
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() && errors.Is(err, syscall.ENODEV) {
+		return " (a loopback address has no RDMA device: dial the address of an RDMA-capable interface)"
+	}
+	return ""
+}
+
 // dialOn runs resolve addr, resolve route, create QP, connect on id. On
 // failure it frees everything it was given.
-func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo, o options) (*endpoint.Endpoint, error) {
+func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
 	fail := func(err error) (*endpoint.Endpoint, error) {
 		id.Destroy()
 		ch.destroy()
@@ -79,39 +85,34 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	}
 	ev.Ack()
 
-	c := newConn(id, ch, o.logger)
-	ep, owner, err := endpoint.New(id, o.ep, c.close)
+	c := newConn(id, ch, o.conn.logger)
+	cfg := o.conn.ep
+	cfg.LocalAddr, cfg.RemoteAddr = id.LocalAddr(), id.RemoteAddr()
+	ep, err := c.start(cfg)
 	if err != nil {
 		return fail(err)
 	}
-	c.owner = owner
 	// From here on, ep.Close frees everything (QP, CQ, then c.close).
-	go c.run()
 	dev, err := id.Context().QueryDevice()
-	if err == nil && o.ackTimeout > 0 {
-		err = id.SetAckTimeout(uint8(o.ackTimeout))
-	}
-	if err == nil && o.setup != nil {
-		err = o.setup(ep)
+	if err == nil {
+		err = c.prepare(ep, o.conn, o.hs)
 	}
 	if err == nil {
-		resp, init := o.readDepths(dev)
-		err = id.Connect(verbs.ConnParam{PrivateData: o.privateData,
+		resp, init := o.conn.readDepths(dev)
+		err = id.Connect(verbs.ConnParam{PrivateData: o.hs.privateData,
 			ResponderResources: resp, InitiatorDepth: init,
-			RetryCount: o.retryCount, RNRRetryCount: o.rnrRetryCount})
+			RetryCount: o.conn.retryCount, RNRRetryCount: o.conn.rnrRetryCount})
 	}
 	var reply []byte
 	if err == nil {
 		reply, err = c.waitEstablished(ctx, nil)
 	}
 	if err != nil {
-		ep.CloseAndDrain(nil)
+		ep.CloseAndDrain(nil) // puts back what WithSetup posted
 		return nil, err
 	}
-	setRNRTimer(id, o.rnrTimer, o.logger)
-	if o.replyData != nil {
-		*o.replyData = reply
-	}
+	c.ctl.Established(reply)
+	setRNRTimer(id, o.conn.rnrTimer, o.conn.logger)
 	return ep, nil
 }
 

@@ -64,7 +64,7 @@ func ExampleListener_AcceptRequest() {
 	if err != nil {
 		return
 	}
-	if string(req.PrivateData[:5]) != "hello" {
+	if string(req.PrivateData()[:5]) != "hello" {
 		req.Reject([]byte("unknown client"))
 		return
 	}

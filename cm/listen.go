@@ -7,8 +7,8 @@ import (
 	"net"
 	"sync"
 
-	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -19,7 +19,7 @@ var ErrListenerClosed = fmt.Errorf("cm: listener closed: %w", net.ErrClosed)
 type Listener struct {
 	id   *verbs.CMID
 	ch   *channel
-	o    options
+	o    listenOptions
 	addr net.Addr
 
 	srq       *endpoint.SRQ
@@ -27,20 +27,17 @@ type Listener struct {
 	closing   chan struct{}
 	loopDone  chan struct{}
 	closeOnce sync.Once
+	closeErr  error
 }
 
 // Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
 // every RDMA-capable address) and listens. ctx is checked before binding.
-func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
+func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	o := newOptions(opts)
-	if len(o.privateData) > verbs.MaxAcceptPrivateData {
-		return nil, fmt.Errorf("cm: listen %s: %d bytes of accept private data, at most %d fit",
-			addr, len(o.privateData), verbs.MaxAcceptPrivateData)
-	}
-	if err := o.validate(); err != nil {
+	o, err := newListenOptions(opts)
+	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	host, port, err := net.SplitHostPort(addr)
@@ -59,50 +56,34 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	ch, err := newChannel()
-	if err == nil {
-		if err = id.Migrate(ch.ch); err != nil {
-			ch.destroy()
-		}
-	}
-	if err == nil {
-		if err = id.Listen(o.backlog); err != nil {
-			id.DestroyEP()
-			ch.destroy()
-			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
-		}
-	} else {
+	if err != nil {
 		id.DestroyEP()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	fail := func(err error) (*Listener, error) {
+		id.DestroyEP()
+		ch.destroy()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	if err := id.Migrate(ch.ch); err != nil {
+		return fail(err)
+	}
+	if err := id.Listen(o.backlog); err != nil {
+		return fail(err)
 	}
 	l := &Listener{id: id, ch: ch, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
 		closing: make(chan struct{}), loopDone: make(chan struct{})}
 	if o.srqDepth > 0 {
 		dev := id.Context()
 		if dev == nil {
-			id.DestroyEP()
-			ch.destroy()
-			return nil, fmt.Errorf("cm: listen %s: a shared receive queue needs the address of one RDMA device, not a wildcard", addr)
+			return fail(errors.New("a shared receive queue needs the address of one RDMA device, not a wildcard"))
 		}
-		maxSGE := o.ep.MaxSGE
-		if maxSGE <= 0 {
-			maxSGE = 1
-		}
-		pd := o.ep.PD
-		if pd == nil {
-			pd, err = bufpool.NewPD(dev)
-		} else {
-			pd.Acquire()
-		}
-		if err == nil {
-			l.srq, err = endpoint.NewSRQ(pd, o.srqDepth, maxSGE)
-			pd.Release() // the SRQ holds its own reference
-		}
+		srq, err := seam.NewSRQ(dev, o.conn.ep.PD, o.srqDepth, max(o.conn.ep.MaxSGE, 1))
 		if err != nil {
-			id.DestroyEP()
-			ch.destroy()
-			return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+			return fail(err)
 		}
-		l.o.ep.SRQ = l.srq
+		l.srq = srq.(*endpoint.SRQ)
+		l.o.conn.ep.SRQ = l.srq
 	}
 	go l.run()
 	return l, nil
@@ -121,13 +102,23 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 type Request struct {
 	id          *verbs.CMID
 	ch          *channel
-	o           options
+	o           connOptions // the listener's
 	respRes     int
 	initDepth   int
-	PrivateData []byte   // what the dialer sent (WithPrivateData)
-	RemoteAddr  net.Addr // the dialer's address
-	LocalAddr   net.Addr
+	privateData []byte
+	remoteAddr  net.Addr
+	localAddr   net.Addr
 }
+
+// PrivateData is what the dialer sent with its connect request
+// (WithPrivateData), padded by the CM with zeros.
+func (r *Request) PrivateData() []byte { return r.privateData }
+
+// RemoteAddr is the dialer's address.
+func (r *Request) RemoteAddr() net.Addr { return r.remoteAddr }
+
+// LocalAddr is the address the request arrived at.
+func (r *Request) LocalAddr() net.Addr { return r.localAddr }
 
 // run reads the listening channel. Each connect request's new id is moved
 // to an event channel of its own at once, so the request (and later its
@@ -142,17 +133,17 @@ func (l *Listener) run() {
 				return
 			default:
 			}
-			l.o.logger.Debug().Err(err).Msg("listener: reading CM events")
+			l.o.conn.logger.Debug().Err(err).Msg("listener: reading CM events")
 			continue
 		}
 		if ev.Type != verbs.EventConnectRequest {
-			l.o.logger.Debug().Stringer("event", ev.Type).Msg("listener: ignored event")
+			l.o.conn.logger.Debug().Stringer("event", ev.Type).Msg("listener: ignored event")
 			ev.Ack()
 			continue
 		}
-		req := &Request{id: ev.ID, o: l.o, PrivateData: ev.PrivateData,
+		req := &Request{id: ev.ID, o: l.o.conn, privateData: ev.PrivateData,
 			respRes: ev.InitiatorDepth, initDepth: ev.ResponderResources,
-			RemoteAddr: ev.ID.RemoteAddr(), LocalAddr: ev.ID.LocalAddr()}
+			remoteAddr: ev.ID.RemoteAddr(), localAddr: ev.ID.LocalAddr()}
 		ev.Ack()
 		if req.ch, err = newChannel(); err == nil {
 			err = req.id.Migrate(req.ch.ch)
@@ -162,7 +153,7 @@ func (l *Listener) run() {
 			}
 		}
 		if err != nil {
-			l.o.logger.Error().Err(err).Msg("listener: cannot take a connect request; rejecting it")
+			l.o.conn.logger.Error().Err(err).Msg("listener: cannot take a connect request; rejecting it")
 			req.id.Reject(nil)
 			req.id.Destroy()
 			continue
@@ -170,7 +161,7 @@ func (l *Listener) run() {
 		select {
 		case l.reqs <- req:
 		default:
-			l.o.logger.Warn().Msg("listener: backlog full; rejecting a connect request")
+			l.o.conn.logger.Warn().Msg("listener: backlog full; rejecting a connect request")
 			req.Reject(nil)
 		}
 	}
@@ -194,12 +185,13 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 }
 
 // Accept waits for the next connect request and accepts it with the
-// listener's options (plus opts).
-func (l *Listener) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
+// listener's options plus opts. A request whose handshake then fails is
+// the dialer's problem, not the listener's: Accept waits for the next one.
+func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
 	// Options no request could be accepted with are the caller's error:
 	// checked here, they would reject every dialer while Accept waited on.
-	if _, err := acceptOptions(l.o, opts); err != nil {
-		return nil, err
+	if _, err := newAcceptOptions(l.o.conn, opts); err != nil {
+		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
 	for {
 		req, err := l.AcceptRequest(ctx)
@@ -210,76 +202,52 @@ func (l *Listener) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoi
 		if err == nil || ctx.Err() != nil {
 			return ep, err
 		}
-		// The dialer gave up or the handshake failed: that is the dialer's
-		// error, not the listener's; wait for the next one.
-		l.o.logger.Debug().Err(err).Msg("listener: accept failed")
+		l.o.conn.logger.Debug().Err(err).Msg("listener: accept failed")
 	}
-}
-
-// acceptOptions is base with opts applied, or the reason no connection can
-// be accepted with them.
-func acceptOptions(base options, opts []Option) (options, error) {
-	o := base
-	for _, f := range opts {
-		f(&o)
-	}
-	o.ep.Logger = o.logger
-	if len(o.privateData) > verbs.MaxAcceptPrivateData {
-		return o, fmt.Errorf("cm: accept: %d bytes of private data, at most %d fit",
-			len(o.privateData), verbs.MaxAcceptPrivateData)
-	}
-	if err := o.validate(); err != nil {
-		return o, fmt.Errorf("cm: accept: %w", err)
-	}
-	return o, nil
 }
 
 // Accept creates the connection's QP, accepts, and waits until the
 // connection is established or ctx ends. The connection counts as
 // established when the CM says so or when a receive posted by WithSetup
-// completes, whichever comes first: the dialer's RTU, the handshake's last
-// message, may be lost, and the kernel CM would learn of the connection
-// only when it resends its REP 4.1 s later.
-func (r *Request) Accept(ctx context.Context, opts ...Option) (*endpoint.Endpoint, error) {
-	o, err := acceptOptions(r.o, opts)
+// completes, whichever comes first (docs/DESIGN.md: a lost RTU).
+func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
+	o, err := newAcceptOptions(r.o, opts)
 	if err != nil {
 		r.Reject(nil)
-		return nil, fmt.Errorf("%w (the request was rejected)", err)
+		return nil, fmt.Errorf("cm: accept: %w (the request was rejected)", err)
 	}
-	c := newConn(r.id, r.ch, o.logger)
-	ep, owner, err := endpoint.New(r.id, o.ep, c.close)
+	c := newConn(r.id, r.ch, o.conn.logger)
+	cfg := o.conn.ep
+	cfg.LocalAddr, cfg.RemoteAddr = r.localAddr, r.remoteAddr
+	ep, err := c.start(cfg)
 	if err != nil {
 		r.Reject(nil)
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
-	c.owner = owner
-	go c.run()
+	c.ctl.Established(r.privateData)
 	dev, err := r.id.Context().QueryDevice()
-	if err == nil && o.ackTimeout > 0 {
-		err = r.id.SetAckTimeout(uint8(o.ackTimeout))
-	}
-	if err == nil && o.setup != nil {
-		err = o.setup(ep)
+	if err == nil {
+		err = c.prepare(ep, o.conn, o.hs)
 	}
 	if err != nil {
-		r.id.Reject(nil) // the dialer learns at once; ep.Close below frees the id
+		r.id.Reject(nil) // the dialer learns at once; abandon below frees the id
 	} else {
 		// Never more than the dialer offered: it issues at most its
 		// initiator depth of reads and answers at most its responder
 		// resources of ours.
-		resp, init := o.readDepths(dev)
-		err = r.id.Accept(verbs.ConnParam{PrivateData: o.privateData,
+		resp, init := o.conn.readDepths(dev)
+		err = r.id.Accept(verbs.ConnParam{PrivateData: o.hs.privateData,
 			ResponderResources: min(resp, r.respRes), InitiatorDepth: min(init, r.initDepth),
-			RNRRetryCount: o.rnrRetryCount})
+			RNRRetryCount: o.conn.rnrRetryCount})
 	}
 	if err == nil {
-		_, err = c.waitEstablished(ctx, owner.Received())
+		_, err = c.waitEstablished(ctx, c.ctl.Received)
 	}
 	if err != nil {
-		ep.CloseAndDrain(nil)
+		ep.CloseAndDrain(nil) // puts back what WithSetup posted
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
-	setRNRTimer(r.id, o.rnrTimer, o.logger)
+	setRNRTimer(r.id, o.conn.rnrTimer, o.conn.logger)
 	return ep, nil
 }
 
@@ -291,16 +259,17 @@ func (r *Request) Reject(privateData []byte) error {
 }
 
 // Close stops listening and rejects the requests not yet accepted.
-// Connections already accepted are not affected. Idempotent.
+// Connections already accepted are not affected. Idempotent: every call
+// returns the first one's result.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
-		l.ch.wait.Close()
+		errs := []error{l.ch.wait.Close()}
 		<-l.loopDone
 		for {
 			select {
 			case req := <-l.reqs:
-				req.Reject(nil)
+				errs = append(errs, req.Reject(nil))
 				continue
 			default:
 			}
@@ -308,6 +277,7 @@ func (l *Listener) Close() error {
 		}
 		l.id.DestroyEP()
 		l.ch.ch.Destroy()
+		l.closeErr = errors.Join(errs...)
 	})
-	return nil
+	return l.closeErr
 }

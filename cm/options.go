@@ -8,23 +8,85 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
-type options struct {
-	ep             endpoint.Config
-	privateData    []byte
-	replyData      *[]byte
-	backlog        int
+// Each call takes the options that mean something there, and only those:
+//
+//	Option           the connection (queues, polling, timers, logging, PD): Dial, Listen, Accept
+//	HandshakeOption  one handshake (private data, setup): Dial, Accept
+//	DialOption       Option, HandshakeOption, WithResolveTimeout
+//	ListenOption     Option, WithBacklog, WithSharedReceiveQueue
+//	AcceptOption     Option, HandshakeOption
+//
+// Options given to Listen are the defaults of every connection it
+// accepts; those given to Accept are added to them.
+type (
+	// DialOption configures Dial.
+	DialOption interface{ applyDial(*dialOptions) }
+	// ListenOption configures Listen.
+	ListenOption interface{ applyListen(*listenOptions) }
+	// AcceptOption configures Listener.Accept and Request.Accept.
+	AcceptOption interface{ applyAccept(*acceptOptions) }
+)
+
+// Option configures a connection: it is accepted by Dial, by Listen (for
+// every connection the listener accepts) and by Accept.
+type Option func(*connOptions)
+
+func (f Option) applyDial(o *dialOptions)     { f(&o.conn) }
+func (f Option) applyListen(o *listenOptions) { f(&o.conn) }
+func (f Option) applyAccept(o *acceptOptions) { f(&o.conn) }
+
+// HandshakeOption configures one connection's handshake: it is accepted by
+// Dial and Accept.
+type HandshakeOption func(*handshake)
+
+func (f HandshakeOption) applyDial(o *dialOptions)     { f(&o.hs) }
+func (f HandshakeOption) applyAccept(o *acceptOptions) { f(&o.hs) }
+
+type dialOnly func(*dialOptions)
+
+func (f dialOnly) applyDial(o *dialOptions) { f(o) }
+
+type listenOnly func(*listenOptions)
+
+func (f listenOnly) applyListen(o *listenOptions) { f(o) }
+
+type connOptions struct {
+	ep            seam.EndpointConfig
+	retryCount    int
+	rnrRetryCount int
+	rnrRetrySet   bool // by WithRNRRetry
+	logger        zerolog.Logger
+	ackTimeout    time.Duration // 0: the CM's default
+	rnrTimer      time.Duration
+	readDepth     int
+	err           error // the first invalid argument
+}
+
+type handshake struct {
+	privateData []byte
+	setup       func(*endpoint.Endpoint) error
+}
+
+type dialOptions struct {
+	conn           connOptions
+	hs             handshake
 	resolveTimeout time.Duration
-	retryCount     int
-	rnrRetryCount  int
-	logger         zerolog.Logger
-	srqDepth       int
-	setup          func(*endpoint.Endpoint) error
-	ackTimeout     int // exponent; 0: the CM's default
-	rnrTimer       time.Duration
-	readDepth      int
+}
+
+type listenOptions struct {
+	conn     connOptions
+	backlog  int
+	srqDepth int
+	err      error
+}
+
+type acceptOptions struct {
+	conn connOptions
+	hs   handshake
 }
 
 // defaultReadDepth and maxReadDepth bound WithReadDepth (the CM carries
@@ -34,122 +96,277 @@ const (
 	maxReadDepth     = 255
 )
 
-func newOptions(opts []Option) options {
-	o := options{backlog: 64, resolveTimeout: 2 * time.Second, retryCount: 7, rnrRetryCount: 7,
-		rnrTimer: 640 * time.Microsecond, readDepth: defaultReadDepth, logger: zerolog.Nop()}
-	for _, f := range opts {
-		f(&o)
+func init() {
+	seam.ConnOptions = func(opts any) (seam.EndpointConfig, bool, error) {
+		o := defaultConn()
+		for _, f := range opts.([]Option) {
+			f(&o)
+		}
+		return o.ep, o.rnrRetrySet, o.finish()
 	}
-	o.ep.Logger = o.logger
-	return o
 }
 
-// validate refuses options no connection can be made with.
-func (o options) validate() error {
-	if o.readDepth < 1 || o.readDepth > maxReadDepth {
-		return fmt.Errorf("%w: read depth %d (WithReadDepth), want 1-%d", endpoint.ErrInvalid, o.readDepth, maxReadDepth)
+func defaultConn() connOptions {
+	return connOptions{retryCount: 7, rnrRetryCount: defaultRNRRetry,
+		rnrTimer: 640 * time.Microsecond, readDepth: defaultReadDepth, logger: zerolog.Nop()}
+}
+
+// defaultRNRRetry: 7 resends a message that found no receive posted for
+// as long as the peer takes, as rping does.
+const defaultRNRRetry = 7
+
+func newDialOptions(opts []DialOption) (dialOptions, error) {
+	o := dialOptions{conn: defaultConn(), resolveTimeout: 2 * time.Second}
+	for _, f := range opts {
+		f.applyDial(&o)
 	}
-	return nil
+	if len(o.hs.privateData) > verbs.MaxConnPrivateData {
+		return o, invalid("%d bytes of private data, a connect request carries at most %d", len(o.hs.privateData), verbs.MaxConnPrivateData)
+	}
+	if o.resolveTimeout <= 0 {
+		return o, invalid("resolve timeout %v", o.resolveTimeout)
+	}
+	return o, o.conn.finish()
+}
+
+func newListenOptions(opts []ListenOption) (listenOptions, error) {
+	o := listenOptions{conn: defaultConn(), backlog: 64}
+	for _, f := range opts {
+		f.applyListen(&o)
+	}
+	if o.err != nil {
+		return o, o.err
+	}
+	return o, o.conn.finish()
+}
+
+// newAcceptOptions is a listener's connection options with opts added.
+func newAcceptOptions(base connOptions, opts []AcceptOption) (acceptOptions, error) {
+	o := acceptOptions{conn: base}
+	for _, f := range opts {
+		f.applyAccept(&o)
+	}
+	if len(o.hs.privateData) > verbs.MaxAcceptPrivateData {
+		return o, invalid("%d bytes of private data, an accept carries at most %d", len(o.hs.privateData), verbs.MaxAcceptPrivateData)
+	}
+	return o, o.conn.finish()
+}
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", endpoint.ErrInvalid, fmt.Sprintf(format, a...))
+}
+
+// refuse records an option's invalid argument (the first one wins).
+func (o *connOptions) refuse(format string, a ...any) {
+	if o.err == nil {
+		o.err = invalid(format, a...)
+	}
+}
+
+// finish checks what the options cannot check alone.
+func (o *connOptions) finish() error {
+	o.ep.Logger = o.logger
+	return o.err
 }
 
 // readDepths are the responder resources and initiator depth to ask for:
 // WithReadDepth's, capped at what the device allows.
-func (o options) readDepths(dev verbs.DeviceAttr) (resp, init int) {
+func (o connOptions) readDepths(dev verbs.DeviceAttr) (resp, init int) {
 	return min(o.readDepth, dev.MaxQPRdAtom), min(o.readDepth, dev.MaxQPInitRdAtom)
 }
 
-// Option configures Dial, Listen and Request.Accept.
-type Option func(*options)
-
 // WithQueueDepth sets both the send and the receive queue depth (default 128).
 func WithQueueDepth(n int) Option {
-	return func(o *options) { o.ep.SendDepth, o.ep.RecvDepth = n, n }
+	return count("queue depth", n, func(o *connOptions) { o.ep.SendDepth, o.ep.RecvDepth = n, n })
 }
 
-// WithSendDepth sets the send queue depth.
-func WithSendDepth(n int) Option { return func(o *options) { o.ep.SendDepth = n } }
+// WithSendDepth sets the send queue depth (default 128).
+func WithSendDepth(n int) Option {
+	return count("send queue depth", n, func(o *connOptions) { o.ep.SendDepth = n })
+}
 
-// WithRecvDepth sets the receive queue depth.
-func WithRecvDepth(n int) Option { return func(o *options) { o.ep.RecvDepth = n } }
+// WithRecvDepth sets the receive queue depth (default 128).
+func WithRecvDepth(n int) Option {
+	return count("receive queue depth", n, func(o *connOptions) { o.ep.RecvDepth = n })
+}
 
 // WithMaxSGE sets the scatter/gather entries per work request (default 4).
-func WithMaxSGE(n int) Option { return func(o *options) { o.ep.MaxSGE = n } }
+func WithMaxSGE(n int) Option {
+	return count("scatter/gather entries", n, func(o *connOptions) { o.ep.MaxSGE = n })
+}
 
-// WithInline sets the inline size asked of the QP (default 64 bytes).
-func WithInline(n int) Option { return func(o *options) { o.ep.MaxInline = n } }
+// count is an option that sets a count of at least 1.
+func count(what string, n int, set func(*connOptions)) Option {
+	return func(o *connOptions) {
+		if n < 1 {
+			o.refuse("%s %d, want at least 1", what, n)
+		}
+		set(o)
+	}
+}
 
-// WithPolling sets how completions are waited for; spin is PollHybrid's.
+// WithInline sets the inline size asked of the QP (default 64 bytes; 0
+// turns inline off). The device may grant more: Endpoint.MaxInline.
+func WithInline(n int) Option {
+	return func(o *connOptions) {
+		if n < 0 {
+			o.refuse("inline size %d", n)
+		}
+		o.ep.MaxInline = n
+		if n == 0 {
+			o.ep.MaxInline = -1 // explicitly none, not the default
+		}
+	}
+}
+
+// WithPolling sets how completions are waited for (default
+// endpoint.PollEvent); spin is how long endpoint.PollHybrid polls after
+// the last completion before it sleeps (default 50µs), and must be 0 for
+// the other modes.
 func WithPolling(mode endpoint.PollMode, spin time.Duration) Option {
-	return func(o *options) { o.ep.Poll, o.ep.Spin = mode, spin }
+	return func(o *connOptions) {
+		switch {
+		case mode != endpoint.PollEvent && mode != endpoint.PollBusy && mode != endpoint.PollHybrid:
+			o.refuse("poll mode %d", mode)
+		case spin < 0 || spin > 0 && mode != endpoint.PollHybrid:
+			o.refuse("spin %v with poll mode %d (a spin is hybrid polling's)", spin, mode)
+		}
+		o.ep.Poll, o.ep.Spin = int(mode), spin
+	}
 }
 
 // WithLogger logs through l (the library is silent by default).
-func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
-
-// WithPrivateData sends b with the connect request (Dial, at most 56 bytes)
-// or with the accept (Request.Accept and Listener.Accept, at most 196 bytes).
-func WithPrivateData(b []byte) Option { return func(o *options) { o.privateData = b } }
-
-// WithReplyData makes Dial store the private data the peer accepted with
-// in *dst.
-func WithReplyData(dst *[]byte) Option { return func(o *options) { o.replyData = dst } }
-
-// WithBacklog sets how many connect requests wait for Accept before new
-// ones are rejected (default 64).
-func WithBacklog(n int) Option { return func(o *options) { o.backlog = n } }
-
-// WithResolveTimeout bounds address and route resolution (default 2s; a
-// ctx deadline that is sooner wins).
-func WithResolveTimeout(d time.Duration) Option { return func(o *options) { o.resolveTimeout = d } }
+func WithLogger(l zerolog.Logger) Option { return func(o *connOptions) { o.logger = l } }
 
 // WithCloseTimeout bounds how long an endpoint's Close waits for the device
-// to flush posted work (default 5s).
-func WithCloseTimeout(d time.Duration) Option { return func(o *options) { o.ep.CloseTimeout = d } }
+// to flush posted work, and how long completions left after Close wait for
+// a reader of Completions (default 5s).
+func WithCloseTimeout(d time.Duration) Option {
+	return func(o *connOptions) {
+		if d <= 0 {
+			o.refuse("close timeout %v", d)
+		}
+		o.ep.CloseTimeout = d
+	}
+}
 
-// WithSharedReceiveQueue gives a listener a shared receive queue of depth
-// receives, used by every endpoint it accepts (Listener.SRQ). The listener
-// must be bound to one device's address, not a wildcard.
-func WithSharedReceiveQueue(depth int) Option { return func(o *options) { o.srqDepth = depth } }
-
-// WithRNRRetry sets how often the QP retries a send the peer had no receive
-// posted for (0-7; 7, the default, retries forever). 0 makes any RNR an
+// WithRNRRetry sets how often the QP resends a message the peer had no
+// receive posted for (0-7; after the last the send fails with
+// endpoint.StatusRNRRetryExc). 7, the default, retries forever: a peer
+// that never posts a receive stalls the sender's queue. 0 makes any RNR an
 // error at once: a protocol that counts credits uses it to prove it never
 // overruns the peer.
-func WithRNRRetry(n int) Option { return func(o *options) { o.rnrRetryCount = n } }
+func WithRNRRetry(n int) Option {
+	return func(o *connOptions) {
+		if n < 0 || n > 7 {
+			o.refuse("RNR retry count %d, want 0-7", n)
+		}
+		o.rnrRetryCount, o.rnrRetrySet = n, true
+	}
+}
 
 // WithRNRTimer sets how long a peer whose message found no receive posted
 // here waits before sending it again (the QP's minimum RNR NAK timer,
-// rounded up to the next InfiniBand step; at most 655 ms). The default is
-// 0.64 ms, as in rdma-core's rc_pingpong and perftest. The kernel's CM
-// would leave it at 655 ms, and on Soft-RoCE every receiver-not-ready then
-// stalled the connection for ~0.7 s: rxe drops the packets behind the
-// refused one and resends them only after the timer.
-func WithRNRTimer(d time.Duration) Option { return func(o *options) { o.rnrTimer = d } }
+// rounded up to the next InfiniBand step; at most 655 ms; default 0.64 ms,
+// as rdma-core's rc_pingpong and perftest use). See docs/DESIGN.md for
+// why the kernel CM's 655 ms default is not kept.
+func WithRNRTimer(d time.Duration) Option {
+	return func(o *connOptions) {
+		if d < 0 || d > maxRNRTimer {
+			o.refuse("RNR timer %v, want 0-%v", d, maxRNRTimer)
+		}
+		o.rnrTimer = d
+	}
+}
 
 // WithReadDepth sets how many RDMA reads and atomics may be in flight on the
 // connection in each direction: the reads and atomics this side issues
 // (initiator depth) and those of the peer it answers at once (responder
 // resources). The default is 16; n must be 1-255, and the device's limits
-// and, when accepting, what the dialer asked for cap it. A deeper pipe
-// keeps more reads of a large transfer moving (perftest asks for the
-// device's maximum); more beyond the cap wait in the send queue.
-func WithReadDepth(n int) Option { return func(o *options) { o.readDepth = n } }
-
-// WithSetup runs f on the new endpoint after its QP exists and before the
-// connection is requested or accepted: the place to post receives, so that
-// nothing the peer sends at once finds none. If f fails, or the connection
-// then does, Dial or Accept returns the error after closing the endpoint
-// and draining its completions: what f posted is no longer in use.
-func WithSetup(f func(*endpoint.Endpoint) error) Option { return func(o *options) { o.setup = f } }
+// and, when accepting, what the dialer asked for cap it. More beyond the
+// cap wait in the send queue.
+func WithReadDepth(n int) Option {
+	return func(o *connOptions) {
+		if n < 1 || n > maxReadDepth {
+			o.refuse("read depth %d (WithReadDepth), want 1-%d", n, maxReadDepth)
+		}
+		o.readDepth = n
+	}
+}
 
 // WithPD makes the connection share pd (another endpoint's PD()), so that
 // pools and regions on it serve both. By default every connection has a
 // protection domain of its own, and its peer can reach nothing else.
-func WithPD(pd *bufpool.PD) Option { return func(o *options) { o.ep.PD = pd } }
+func WithPD(pd *bufpool.PD) Option {
+	return func(o *connOptions) {
+		if pd == nil {
+			o.refuse("nil protection domain")
+		}
+		o.ep.PD = pd
+	}
+}
 
-// WithAckTimeout sets the QP's ack timeout to 4.096 µs * 2^exp (1-31).
-// With the retry count (7, the most) it bounds how long a peer that stopped
-// answering (crashed host, cut link) takes to fail the connection: about
-// 4.096 µs * 2^exp * 8, e.g. 0.5 s for exp 14, 8.6 s for 18. Only traffic
+// WithAckTimeout sets the QP's local ack timeout: how long it waits for the
+// peer to acknowledge before it resends (rounded up to the next step of
+// 4.096 µs * 2^n, n 1-31; by default the CM chooses). With the retry count
+// (7) it bounds how long a peer that stopped answering (crashed host, cut
+// link) takes to fail the connection: about 8 times d. Only traffic
 // notices: an idle connection to a dead host stays up until it sends.
-func WithAckTimeout(exp int) Option { return func(o *options) { o.ackTimeout = exp } }
+func WithAckTimeout(d time.Duration) Option {
+	return func(o *connOptions) {
+		if d <= 0 || d > maxAckTimeout {
+			o.refuse("ack timeout %v, want up to %v", d, maxAckTimeout)
+		}
+		o.ackTimeout = d
+	}
+}
+
+// WithPrivateData sends b with the handshake: with the connect request
+// (Dial, at most 56 bytes) or with the accept (Accept, at most 196 bytes).
+// The peer reads it with Endpoint.PrivateData.
+func WithPrivateData(b []byte) HandshakeOption {
+	return func(o *handshake) { o.privateData = b }
+}
+
+// WithSetup runs f on the new endpoint after its QP exists and before the
+// connection is requested or accepted: the place to post receives, so that
+// nothing the peer sends at once finds none. If f fails, or the connection
+// then does, Dial or Accept closes the endpoint, puts every buffer posted
+// on it back in its pool, and returns the error.
+func WithSetup(f func(*endpoint.Endpoint) error) HandshakeOption {
+	return func(o *handshake) { o.setup = f }
+}
+
+// WithResolveTimeout bounds address and route resolution (default 2s; a
+// ctx deadline that is sooner wins).
+func WithResolveTimeout(d time.Duration) DialOption {
+	return dialOnly(func(o *dialOptions) {
+		if d <= 0 {
+			d = -1 // refused by newDialOptions
+		}
+		o.resolveTimeout = d
+	})
+}
+
+// WithBacklog sets how many connect requests wait for Accept before new
+// ones are rejected (default 64).
+func WithBacklog(n int) ListenOption {
+	return listenOnly(func(o *listenOptions) {
+		if n < 1 && o.err == nil {
+			o.err = invalid("backlog %d", n)
+		}
+		o.backlog = n
+	})
+}
+
+// WithSharedReceiveQueue gives a listener a shared receive queue of depth
+// receives, used by every endpoint it accepts (Listener.SRQ). The listener
+// must be bound to one device's address, not a wildcard.
+func WithSharedReceiveQueue(depth int) ListenOption {
+	return listenOnly(func(o *listenOptions) {
+		if depth < 1 && o.err == nil {
+			o.err = invalid("shared receive queue depth %d", depth)
+		}
+		o.srqDepth = depth
+	})
+}

@@ -15,6 +15,24 @@ var rnrSteps = [31]time.Duration{
 	163840, 245760, 327680, 491520,
 }
 
+// maxRNRTimer is code 0's timer, the longest.
+const maxRNRTimer = 655360 * time.Microsecond
+
+// ackStep is the ack timeout's unit: exponent n means ackStep << n.
+const ackStep = 4096 * time.Nanosecond
+
+// maxAckTimeout is exponent 31's timeout, the longest.
+const maxAckTimeout = ackStep << 31
+
+// ackExponent is the smallest exponent (1-31) whose timeout is at least d.
+func ackExponent(d time.Duration) uint8 {
+	n := uint8(1)
+	for n < 31 && ackStep<<n < d {
+		n++
+	}
+	return n
+}
+
 // rnrCode is the shortest RNR timer code of at least d.
 func rnrCode(d time.Duration) uint8 {
 	for i, us := range rnrSteps {

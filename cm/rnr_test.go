@@ -19,3 +19,17 @@ func TestRNRCodeRoundsUp(t *testing.T) {
 		}
 	}
 }
+
+func TestAckExponentRoundsUp(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want uint8
+	}{
+		{time.Nanosecond, 1}, {8192 * time.Nanosecond, 1}, {8193 * time.Nanosecond, 2},
+		{500 * time.Millisecond, 17}, {67 * time.Millisecond, 14}, {maxAckTimeout, 31},
+	} {
+		if got := ackExponent(c.d); got != c.want {
+			t.Errorf("ackExponent(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}

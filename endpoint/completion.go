@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -26,7 +27,7 @@ func (ep *Endpoint) pollLoop() {
 	lastWork := time.Now()
 	for {
 		n := ep.poll()
-		if n > 0 && ep.cfg.Poll == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
+		if n > 0 && ep.mode == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
 			lastWork = time.Now()
 		}
 		closing, pending := ep.closingState()
@@ -41,13 +42,13 @@ func (ep *Endpoint) pollLoop() {
 		switch {
 		case n > 0:
 			continue
-		case !closing && ep.cfg.Poll != PollEvent && ep.callersPolling():
+		case !closing && ep.mode != PollEvent && ep.poller.callersPolling():
 			// Callers of Next poll the CQ in their own goroutines: two
 			// spinning pollers per endpoint would only fight for the CPU.
-			ep.standAside()
+			ep.poller.standAside()
 			continue
-		case !closing && (ep.cfg.Poll == PollBusy ||
-			ep.cfg.Poll == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
+		case !closing && (ep.mode == PollBusy ||
+			ep.mode == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
 			// Spin, but let the goroutines that consume and post run:
 			// with few cores a tight loop would starve them until preempted.
 			runtime.Gosched()
@@ -57,7 +58,7 @@ func (ep *Endpoint) pollLoop() {
 			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
 		}
 		if n := ep.poll(); n > 0 {
-			if ep.cfg.Poll == PollHybrid {
+			if ep.mode == PollHybrid {
 				lastWork = time.Now()
 			}
 			continue
@@ -72,12 +73,12 @@ func (ep *Endpoint) pollLoop() {
 			ep.cfg.Logger.Error().Err(werr).Msg("waiting on the completion channel")
 			ep.markClosing()
 		}
-		if ep.unacked >= ackBatch {
-			ep.cq.AckEvents(ep.unacked)
-			ep.unacked = 0
+		if ep.poller.unacked >= ackBatch {
+			ep.cq.AckEvents(ep.poller.unacked)
+			ep.poller.unacked = 0
 		}
 	}
-	ep.cq.AckEvents(ep.unacked)
+	ep.cq.AckEvents(ep.poller.unacked)
 	ep.teardown()
 }
 
@@ -89,7 +90,7 @@ func (ep *Endpoint) takeEvent() bool {
 		return false
 	}
 	if err == nil {
-		ep.unacked++
+		ep.poller.unacked++
 	}
 	return true
 }
@@ -119,19 +120,19 @@ func (ep *Endpoint) poll() int {
 // first new completion in the stream, it is returned (handed) instead of
 // going to the channel, which spares the caller a channel round trip.
 func (ep *Endpoint) pollFor(want bool) (n int, c Completion, handed bool) {
-	ep.pollMu.Lock()
+	ep.poller.mu.Lock()
 	var err error
-	if !ep.cqGone {
+	if !ep.poller.gone {
 		n, handed, err = ep.drain(want)
 		if handed {
 			c, ep.queue.handOff = ep.queue.handOff, Completion{}
 		}
 	}
-	ep.pollMu.Unlock()
+	ep.poller.mu.Unlock()
 	if err != nil {
 		ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
 		ep.markClosing()
-		ep.wakePoller()
+		ep.poller.wake()
 	}
 	return n, c, handed
 }
@@ -181,7 +182,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		var s slot
 		ok := false
 		if wc.WRID&srqBit != 0 {
-			s, ok = ep.cfg.SRQ.complete(uint32(wc.WRID &^ srqBit))
+			s, ok = ep.srq.complete(uint32(wc.WRID &^ srqBit))
 		} else if idx := uint32(wc.WRID &^ recvBit); int(idx) < len(ep.recvs.slots) && ep.recvs.slots[idx].used {
 			s, ok = ep.recvs.release(idx), true
 		}
@@ -197,7 +198,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			c.Imm, c.HasImm = wc.Imm, true
 		}
 		if wc.Status != verbs.WCSuccess {
-			c.Err, c.Len = &CompletionError{Op: OpRecv, Status: wc.Status, VendorErr: wc.VendorErr}, 0
+			c.Err, c.Len = ep.completionError(OpRecv, wc), 0
 		} else if !ep.gotRecv {
 			ep.gotRecv = true
 			close(ep.received)
@@ -213,7 +214,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		s := ep.sends.release(head)
 		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length}
 		if head == idx && wc.Status != verbs.WCSuccess {
-			c.Err = &CompletionError{Op: s.op, Status: wc.Status, VendorErr: wc.VendorErr}
+			c.Err = ep.completionError(s.op, wc)
 		}
 		if !s.silent || c.Err != nil {
 			ep.queue.emit(c)
@@ -224,6 +225,17 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 	}
 }
 
+// completionError is the error of a failed work completion. A failure
+// other than a flush has moved the QP to the error state: the connection
+// is over, and Done and Err say so.
+func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
+	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr}
+	if err.Status != StatusFlushed {
+		ep.setDone(err)
+	}
+	return err
+}
+
 // teardown destroys the verbs objects in order (QP, CQ, channel), then
 // completes whatever the device never handed back with ErrClosed: once the
 // QP is destroyed the device no longer touches those buffers.
@@ -232,12 +244,12 @@ func (ep *Endpoint) teardown() {
 	ep.qpDestroyed = true
 	ep.id.DestroyQP()
 	ep.qpMu.Unlock()
-	ep.pollMu.Lock()
-	ep.cqGone = true
+	ep.poller.mu.Lock()
+	ep.poller.gone = true
 	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
-	ep.pollMu.Unlock()
-	if ep.cfg.SRQ != nil {
-		ep.cfg.SRQ.detach()
+	ep.poller.mu.Unlock()
+	if ep.srq != nil {
+		ep.srq.detach()
 	}
 	ep.mu.Lock()
 	ep.queue.mu.Lock()
@@ -252,6 +264,7 @@ func (ep *Endpoint) teardown() {
 		}
 	}
 	ep.queue.closed = true
+	close(ep.queue.ended)
 	ep.queue.mu.Unlock()
 	ep.mu.Unlock()
 	ep.queue.notify()
@@ -279,12 +292,14 @@ type completionQueue struct {
 	handWanted bool
 	handOff    Completion
 	closed     bool
+	ended      chan struct{} // closed with closed: the endpoint is torn down
 	wake       chan struct{}
 }
 
 func (q *completionQueue) init(capacity int) {
 	q.out = make(chan Completion, capacity)
 	q.wake = make(chan struct{}, 1)
+	q.ended = make(chan struct{})
 }
 
 // emit delivers c in order; q.mu is held.
@@ -315,10 +330,16 @@ func (q *completionQueue) notify() {
 // deliverLoop sends queued completions to Completions, and closes it once
 // the endpoint is torn down and everything is delivered. It swaps two
 // slices with the pollers: it owns batch while delivering it, they append
-// to the other.
+// to the other. Once the endpoint is torn down, it waits at most
+// CloseTimeout for a reader to take what the channel cannot hold; then it
+// empties the channel, puts the buffers of everything undelivered back in
+// their pools and ends, so that an endpoint whose Completions nobody reads
+// still frees everything.
 func (ep *Endpoint) deliverLoop() {
 	q := &ep.queue
 	var batch []Completion
+	var giveUp <-chan time.Time // armed once the endpoint is torn down
+	abandoned := false
 	for {
 		<-q.wake
 		for {
@@ -335,9 +356,49 @@ func (ep *Endpoint) deliverLoop() {
 				break
 			}
 			for i := range batch {
-				q.out <- batch[i]
+				if !abandoned && !q.deliver(batch[i], &giveUp, ep.cfg.CloseTimeout) {
+					abandoned = true
+					q.reclaimChannel()
+				}
+				if abandoned && batch[i].Buffer != nil {
+					seam.PutBack(batch[i].Buffer)
+				}
 				batch[i] = Completion{} // drop references for the GC
 			}
 		}
+	}
+}
+
+// reclaimChannel takes what nobody read from the channel and puts its
+// buffers back in their pools.
+func (q *completionQueue) reclaimChannel() {
+	for {
+		select {
+		case c := <-q.out:
+			if c.Buffer != nil {
+				seam.PutBack(c.Buffer)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// deliver sends c to the channel, waiting for a reader; false when the
+// endpoint has been torn down for longer than timeout and nobody read.
+func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeout time.Duration) bool {
+	select {
+	case q.out <- c:
+		return true
+	case <-q.ended:
+	}
+	if *giveUp == nil {
+		*giveUp = time.After(timeout)
+	}
+	select {
+	case q.out <- c:
+		return true
+	case <-*giveUp:
+		return false
 	}
 }

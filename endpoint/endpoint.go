@@ -12,12 +12,14 @@ package endpoint
 
 import (
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -56,35 +58,41 @@ type Completion struct {
 	Buffer  *bufpool.Buffer // the buffer posted, when the post named one
 }
 
-// Owner is what package cm keeps to drive an endpoint's connection state;
-// it is not for applications.
-type Owner struct{ ep *Endpoint }
-
-// PeerGone tells the endpoint its connection ended (DISCONNECTED, device
-// removal, ...): the QP moves to the error state so pending work flushes
-// back with errors, and Done closes. The endpoint still needs Close.
-func (o *Owner) PeerGone(cause error) {
-	o.ep.setDone(cause)
-	o.ep.disconnect()
-}
-
-// Received is closed when the first receive completes without error: the
-// peer is connected and sending. The accepting side's CM calls the
-// connection established only when the dialer's RTU arrives; if it was
-// lost, this is how cm learns the connection is up anyway.
-func (o *Owner) Received() <-chan struct{} { return o.ep.received }
-
-// Endpoint is a connected queue pair. Post* and Close are safe for
+// Endpoint is a connected queue pair. Post*, Next and Close are safe for
 // concurrent use.
 type Endpoint struct {
-	cfg  Config
+	// Who owns what:
+	//   - Posting goroutines (any caller of Post*) take mu and own, under
+	//     it, the slot tables, the send FIFO, the verbs batches and the
+	//     scratch arrays; closing and gotRecv are under mu too.
+	//   - The completion goroutine (pollLoop) owns the channel events and
+	//     their acks (poller.unacked), the stand-aside state, and the verbs
+	//     objects' teardown. It polls the CQ under poller.mu, as do callers
+	//     of Next that spin (busy and hybrid modes); the CQ's completion
+	//     array belongs to whoever holds poller.mu.
+	//   - The delivery goroutine (deliverLoop) owns the batch it is sending
+	//     to Completions; queue.mu guards what it swaps with the pollers.
+	//   - Package cm's event goroutine calls the PeerGone it was given,
+	//     which takes qpMu to move the QP to the error state.
+	//
+	// Lock order: poller.mu, then mu, then queue.mu (drain takes all
+	// three); qpMu is taken alone. Close sets closing, disconnects, and
+	// waits for the completion goroutine (pollDone), which tears
+	// everything down and lets the delivery goroutine finish (queue.ended).
+
+	cfg  seam.EndpointConfig
+	mode PollMode
+	srq  *SRQ
 	id   *verbs.CMID
 	ch   *verbs.CompChannel
 	cq   *verbs.CQ
 	wait *fdwait.Waiter
 	caps verbs.QPCaps
 	dev  verbs.DeviceAttr
-	pd   *bufpool.PD
+	pd   *seam.Domain
+	pdv  *bufpool.PD // pd's public view (PD)
+
+	peerData []byte // the peer's private data, set once before the endpoint is returned
 
 	mu        sync.Mutex // posting, slots
 	closing   bool
@@ -94,25 +102,16 @@ type Endpoint struct {
 	unsigRun  int  // unsignaled sends since the last signaled one
 	sendBatch *verbs.SendBatch
 	recvBatch *verbs.RecvBatch
-	scratch   []Request // postOne's single request, reused
-	sendTaken []uint32  // slots taken by the batch being posted, reused
+	scratch   []Request   // postOne's single request, reused
+	sges      []verbs.SGE // the batch being posted: its scatter/gather entries,
+	spans     [][2]int    // and each request's part of them, reused
+	sendTaken []uint32    // slots taken by the batch being posted, reused
 	recvTaken []uint32
-	received  chan struct{} // closed at the first good receive (Owner.Received)
+	received  chan struct{} // closed at the first good receive (seam.Control.Received)
 	gotRecv   bool          // received is closed
 
-	unacked int // CQ events taken and not yet acked (completion goroutine only)
-	queue   completionQueue
-
-	pollMu sync.Mutex // one poller of the CQ at a time
-	cqGone bool       // the CQ is destroyed (under pollMu)
-	// Callers of Next that poll the CQ themselves (busy and hybrid modes);
-	// the completion goroutine stands aside while they do.
-	callers   atomic.Int32
-	nextCalls atomic.Uint64 // Next calls with busy or hybrid polling, ever
-	seenCalls uint64        // nextCalls when the completion goroutine last looked
-	kick      chan struct{} // wakes a completion goroutine standing aside
-	aside     *time.Timer
-	asideFor  time.Duration // the current stand-aside back-off
+	queue  completionQueue
+	poller cqPoller
 
 	pollDone chan struct{}
 	closeErr error
@@ -129,6 +128,22 @@ type Endpoint struct {
 	qpMu         sync.Mutex
 	disconnected bool
 	qpDestroyed  bool
+}
+
+// cqPoller is the state of polling the CQ: who may poll it now, and how
+// the completion goroutine stands aside while callers of Next spin.
+type cqPoller struct {
+	mu   sync.Mutex // one poller of the CQ at a time
+	gone bool       // the CQ is destroyed (under mu)
+	// Callers of Next that poll the CQ themselves (busy and hybrid modes);
+	// the completion goroutine stands aside while they do.
+	callers   atomic.Int32
+	nextCalls atomic.Uint64 // Next calls with busy or hybrid polling, ever
+	seenCalls uint64        // nextCalls when the completion goroutine last looked
+	kick      chan struct{} // wakes a completion goroutine standing aside
+	aside     *time.Timer
+	asideFor  time.Duration // the current stand-aside back-off
+	unacked   int           // CQ events taken and not yet acked (completion goroutine only)
 }
 
 // disconnect moves the QP to the error state (rdma_disconnect), once, and
@@ -196,12 +211,11 @@ func (r *ring) pop() uint32 {
 // dropNewest forgets the n most recently pushed entries.
 func (r *ring) dropNewest(n int) { r.count -= n }
 
-// New creates the completion channel, CQ and RC QP on id (which must have
-// a resolved route, or come from a connect request) and starts the
-// completion goroutine. onClose runs once after the QP, CQ and channel are
-// destroyed (package cm destroys the id there).
-func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, error) {
-	cfg.setDefaults()
+func init() { seam.NewEndpoint = newEndpoint }
+
+// newEndpoint is seam.NewEndpoint.
+func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) (any, *seam.Control, error) {
+	setDefaults(&cfg)
 	vctx := id.Context()
 	if vctx == nil {
 		return nil, nil, fmt.Errorf("endpoint: the id has no device (resolve the address first): %w", verbs.ErrNoDevice)
@@ -213,11 +227,15 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	if cfg.SendDepth > dev.MaxQPWR || cfg.RecvDepth > dev.MaxQPWR {
 		return nil, nil, fmt.Errorf("endpoint: queue depth %d/%d exceeds the device's %d: %w", cfg.SendDepth, cfg.RecvDepth, dev.MaxQPWR, ErrInvalid)
 	}
-	ep := &Endpoint{cfg: cfg, id: id, dev: dev, onClose: onClose,
+	ep := &Endpoint{cfg: cfg, mode: PollMode(cfg.Poll), id: id, dev: dev, onClose: onClose,
 		pollDone: make(chan struct{}), done: make(chan struct{})}
+	if cfg.SRQ != nil {
+		ep.srq = cfg.SRQ.(*SRQ)
+	}
 	if err := ep.create(vctx); err != nil {
 		return nil, nil, err
 	}
+	ep.pdv = seam.WrapPD(ep.pd).(*bufpool.PD)
 	// Slots are what was asked, not what the device granted: the CQ was
 	// sized for exactly these, so it can never overflow.
 	ep.sends = newSlotTable(cfg.SendDepth)
@@ -229,11 +247,45 @@ func New(id *verbs.CMID, cfg Config, onClose func() error) (*Endpoint, *Owner, e
 	ep.sendTaken = make([]uint32, 0, cfg.SendDepth)
 	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
 	ep.queue.init(cfg.SendDepth + cfg.RecvDepth)
-	ep.kick = make(chan struct{}, 1)
+	ep.poller.kick = make(chan struct{}, 1)
 	ep.received = make(chan struct{})
 	go ep.pollLoop()
 	go ep.deliverLoop()
-	return ep, &Owner{ep: ep}, nil
+	ctl := &seam.Control{
+		PeerGone: func(cause error) {
+			ep.setDone(cause)
+			ep.disconnect()
+		},
+		Received:    ep.received,
+		Established: func(privateData []byte) { ep.peerData = privateData },
+	}
+	return ep, ctl, nil
+}
+
+func setDefaults(c *seam.EndpointConfig) {
+	if c.SendDepth <= 0 {
+		c.SendDepth = 128
+	}
+	if c.RecvDepth <= 0 {
+		c.RecvDepth = 128
+	}
+	if c.MaxSGE <= 0 {
+		c.MaxSGE = 4
+	}
+	if c.MaxInline < 0 {
+		c.MaxInline = 0
+	} else if c.MaxInline == 0 {
+		c.MaxInline = 64
+	}
+	if c.SignalEvery <= 0 {
+		c.SignalEvery = max(1, c.SendDepth/4)
+	}
+	if c.Spin <= 0 {
+		c.Spin = 50 * time.Microsecond
+	}
+	if c.CloseTimeout <= 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
 }
 
 // create makes the verbs objects, undoing what it made when a step fails.
@@ -246,18 +298,20 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 			}
 		}
 	}()
-	switch shared := ep.cfg.PD; {
-	case ep.cfg.SRQ != nil:
-		shared = ep.cfg.SRQ.pd
+	switch shared := seam.DomainOf(ep.cfg.PD); {
+	case ep.srq != nil:
+		shared = ep.srq.pd
 		fallthrough
 	case shared != nil:
 		if !shared.OnDevice(vctx) {
 			return fmt.Errorf("%w: the shared protection domain is on another device", ErrInvalid)
 		}
-		shared.Acquire()
+		if err := shared.Acquire(); err != nil {
+			return fmt.Errorf("endpoint: the shared protection domain: %w", err)
+		}
 		ep.pd = shared
 	default:
-		if ep.pd, err = bufpool.NewPD(vctx); err != nil {
+		if ep.pd, err = seam.NewDomain(vctx); err != nil {
 			return err
 		}
 	}
@@ -269,8 +323,8 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 	// One CQ for both queues, with an entry for every slot: it cannot
 	// overflow. With an SRQ, every shared receive may complete here.
 	recvEntries := ep.cfg.RecvDepth
-	if ep.cfg.SRQ != nil {
-		recvEntries = len(ep.cfg.SRQ.slots.slots)
+	if ep.srq != nil {
+		recvEntries = len(ep.srq.slots.slots)
 	}
 	if ep.cq, err = vctx.NewCQ(ep.cfg.SendDepth+recvEntries, ep.ch, 64); err != nil {
 		return err
@@ -279,14 +333,14 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 	init := verbs.QPInit{SendCQ: ep.cq, RecvCQ: ep.cq,
 		MaxSendWR: ep.cfg.SendDepth, MaxRecvWR: ep.cfg.RecvDepth,
 		MaxSendSGE: ep.cfg.MaxSGE, MaxRecvSGE: ep.cfg.MaxSGE, MaxInline: ep.cfg.MaxInline}
-	if srq := ep.cfg.SRQ; srq != nil {
+	if srq := ep.srq; srq != nil {
 		if err = srq.attach(); err != nil {
 			return err
 		}
 		undo = append(undo, srq.detach)
 		init.SRQ, init.MaxRecvWR, init.MaxRecvSGE = srq.srq, 0, 0
 	}
-	if ep.caps, err = ep.id.CreateQP(ep.pd.Verbs(), init); err != nil {
+	if ep.caps, err = ep.id.CreateQP(ep.pd.PD(), init); err != nil {
 		return err
 	}
 	undo = append(undo, ep.id.DestroyQP)
@@ -297,23 +351,51 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 // PD is the protection domain of the endpoint's QP. Pools and regions made
 // on it serve this endpoint, and the endpoints that share its PD
 // (cm.WithPD); the peers of other endpoints cannot reach them.
-func (ep *Endpoint) PD() *bufpool.PD { return ep.pd }
+func (ep *Endpoint) PD() *bufpool.PD { return ep.pdv }
 
-// Completions delivers one Completion per posted work request. After Close
-// (or the end of the connection) it delivers the remaining ones and is then
-// closed: read it until it is closed, or the goroutine delivering to it
-// waits for you.
+// LocalAddr is this side's address of the connection.
+func (ep *Endpoint) LocalAddr() net.Addr { return ep.cfg.LocalAddr }
+
+// RemoteAddr is the peer's address.
+func (ep *Endpoint) RemoteAddr() net.Addr { return ep.cfg.RemoteAddr }
+
+// PrivateData is what the peer sent with the connection: its connect
+// request's private data on the accepting side, its accept's on the
+// dialing side. The CM may pad it with zeros to the transport's size.
+func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
+
+// Completions delivers one Completion per posted work request (Silent ones
+// only when they fail). After Close, or the end of the connection, it
+// delivers the remaining ones, each with an error matching ErrClosed, and
+// is then closed: read it until it is closed, or use CloseAndDrain. If
+// nobody reads it for the close timeout after Close (cm.WithCloseTimeout,
+// default 5 s), the completions not read are dropped and their buffers
+// put back in their pools.
 func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
 
 // Done is closed when the connection has ended: Close, or the peer left.
 func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 
-// Err says why Done closed (nil while the connection is up).
+// Err says why Done closed (nil while the connection is up): ErrClosed
+// after Close, an error matching ErrClosed when the peer left, or the
+// *CompletionError of a work request that failed and took the connection
+// down with it (on RC, a failed work request moves the QP to the error
+// state). Once Done is closed, posts are refused with this error.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
 	}
 	return nil
+}
+
+// failed is Err once the connection is over; ep.mu is held.
+func (ep *Endpoint) failed() error {
+	select {
+	case <-ep.done:
+		return ep.Err()
+	default:
+		return nil
+	}
 }
 
 func (ep *Endpoint) setDone(cause error) {
@@ -330,13 +412,17 @@ func (ep *Endpoint) setDone(cause error) {
 func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
 
 // CloseAndDrain closes the endpoint and reads Completions until it is
-// closed, handing each remaining completion to each (nil: discard them), so
-// that their buffers can go back to their pools. It returns Close's error.
+// closed, handing each remaining completion to each; with each nil, it
+// puts every remaining completion's buffer back in its pool. It returns
+// Close's error.
 func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 	err := ep.Close()
 	for c := range ep.queue.out {
-		if each != nil {
+		switch {
+		case each != nil:
 			each(c)
+		case c.Buffer != nil:
+			seam.PutBack(c.Buffer)
 		}
 	}
 	return err
@@ -355,7 +441,7 @@ func (ep *Endpoint) Close() error {
 		ep.disconnect() // posted work flushes back
 		ep.setDone(ErrClosed)
 		ep.wait.SetDeadline(pastTime) // wake the completion goroutine
-		ep.wakePoller()
+		ep.poller.wake()
 		<-ep.pollDone
 	})
 	return ep.closeErr

@@ -17,34 +17,40 @@ var (
 	// request. Post* never waits: read Completions, then post again.
 	ErrQueueFull = errors.New("endpoint: queue full: wait for a completion before posting more")
 	// ErrInvalid: the work request was refused before anything was posted
-	// (bad length, too many segments, inline too large, misaligned atomic).
+	// (a missing or foreign buffer, a length past it, a field or flag that
+	// does not fit the operation, too many segments, inline too large, a
+	// misaligned atomic).
 	ErrInvalid = errors.New("endpoint: invalid work request")
 	// ErrNoAtomics: the device does not support atomic operations.
 	ErrNoAtomics = errors.New("endpoint: the device has no atomic operations (atomic_cap is IBV_ATOMIC_NONE)")
 )
 
-// WCStatus is the device's status of a failed work request (ibv_wc_status).
-type WCStatus = verbs.WCStatus
+// Status is the device's status of a work request that failed: the value
+// of libibverbs' enum ibv_wc_status.
+type Status uint32
 
-// Work-completion statuses worth matching on.
+// Work-completion statuses worth matching on (ibv_wc_status values).
 const (
-	StatusLocalLength  = verbs.WCLocLenErr
-	StatusLocalQPOp    = verbs.WCLocQPOpErr
-	StatusLocalProt    = verbs.WCLocProtErr
-	StatusFlushed      = verbs.WCWRFlushErr
-	StatusRemoteAccess = verbs.WCRemAccessErr
-	StatusRemoteInvReq = verbs.WCRemInvReqErr
-	StatusRetryExc     = verbs.WCRetryExcErr
-	StatusRNRRetryExc  = verbs.WCRNRRetryExcErr
-	StatusRemoteOp     = verbs.WCRemOpErr
+	StatusLocalLength  Status = 1  // IBV_WC_LOC_LEN_ERR: a message longer than the receive
+	StatusLocalQPOp    Status = 2  // IBV_WC_LOC_QP_OP_ERR
+	StatusLocalProt    Status = 4  // IBV_WC_LOC_PROT_ERR: local memory the QP may not use
+	StatusFlushed      Status = 5  // IBV_WC_WR_FLUSH_ERR: the QP went to the error state first
+	StatusRemoteInvReq Status = 9  // IBV_WC_REM_INV_REQ_ERR
+	StatusRemoteAccess Status = 10 // IBV_WC_REM_ACCESS_ERR: a bad rkey, range or access right
+	StatusRemoteOp     Status = 11 // IBV_WC_REM_OP_ERR
+	StatusRetryExc     Status = 12 // IBV_WC_RETRY_EXC_ERR: the peer stopped answering
+	StatusRNRRetryExc  Status = 13 // IBV_WC_RNR_RETRY_EXC_ERR: the peer had no receive posted
 )
+
+// String is libibverbs' name for the status (ibv_wc_status_str).
+func (s Status) String() string { return verbs.WCStatus(s).String() }
 
 // CompletionError is a work request the device completed with an error.
 // A flushed request (the QP went to the error state: Close, or the peer
 // left) also matches ErrClosed.
 type CompletionError struct {
 	Op        Op
-	Status    WCStatus
+	Status    Status
 	VendorErr uint32
 }
 
@@ -55,8 +61,26 @@ func (e *CompletionError) Error() string {
 
 // Unwrap makes a flushed request match ErrClosed.
 func (e *CompletionError) Unwrap() error {
-	if e.Status == verbs.WCWRFlushErr {
+	if e.Status == StatusFlushed {
 		return ErrClosed
 	}
 	return nil
 }
+
+// PostError is PostBatch's error when the device refused one of the
+// requests (ibv_post_recv or ibv_post_send failed). A batch's receives are
+// posted first, then its sends. The requests of the refused one's kind
+// before it were posted and will complete; it and the later ones of its
+// kind were not, and when it is a receive, no send of the batch was posted.
+type PostError struct {
+	Index int   // the refused request's index in the slice given to PostBatch
+	Err   error // the device's error (an errno)
+}
+
+// Error names the refused request.
+func (e *PostError) Error() string {
+	return fmt.Sprintf("endpoint: the device refused work request %d: %v", e.Index, e.Err)
+}
+
+// Unwrap is the device's error.
+func (e *PostError) Unwrap() error { return e.Err }

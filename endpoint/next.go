@@ -39,7 +39,7 @@ const (
 // goroutine, so a completion reaches the caller without a goroutine
 // hand-off: the lowest-latency way to wait, as perftest's loop does.
 // PollBusy spins until a completion arrives or ctx ends; PollHybrid spins
-// for Config.Spin, then sleeps until the completion goroutine delivers one.
+// for the spin time, then sleeps until the completion goroutine delivers one.
 // While callers poll in Next, the completion goroutine stands aside (it
 // looks again after 1 ms, backing off to every 16 ms while Next is still
 // called), so a completion nobody waits for in Next can reach Completions
@@ -51,19 +51,19 @@ const (
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
 func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
-	if ep.cfg.Poll != PollEvent {
+	if ep.mode != PollEvent {
 		// Counted even when the channel answers at once: a caller that
 		// always finds one there would otherwise never make the
 		// completion goroutine stand aside, and the two would take turns
 		// on the CPU (with a runtime.Gosched each) for every completion.
-		ep.nextCalls.Add(1)
+		ep.poller.nextCalls.Add(1)
 	}
 	select {
 	case c, ok := <-ep.queue.out:
 		return delivered(c, ok)
 	default:
 	}
-	if ep.cfg.Poll != PollEvent {
+	if ep.mode != PollEvent {
 		if c, got, err := ep.spin(ctx); got || err != nil {
 			return c, err
 		}
@@ -84,18 +84,18 @@ func delivered(c Completion, ok bool) (Completion, error) {
 }
 
 // spin polls the CQ in the caller's goroutine until a completion is ready
-// (got), ctx ends (err), or, with PollHybrid, Config.Spin has passed.
+// (got), ctx ends (err), or, with PollHybrid, the spin time has passed.
 func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error) {
-	ep.callers.Add(1)
+	ep.poller.callers.Add(1)
 	defer func() {
 		// Leaving without a completion, the caller will sleep or give
 		// up: the completion goroutine must poll again.
-		if ep.callers.Add(-1) == 0 && !got {
-			ep.wakePoller()
+		if ep.poller.callers.Add(-1) == 0 && !got {
+			ep.poller.wake()
 		}
 	}()
 	var start time.Time
-	if ep.cfg.Poll == PollHybrid {
+	if ep.mode == PollHybrid {
 		start = time.Now()
 	}
 	for i := pollsPerCall; ; i += pollsPerCall {
@@ -116,7 +116,7 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 			if err := ctx.Err(); err != nil {
 				return Completion{}, false, err
 			}
-			if ep.cfg.Poll == PollHybrid && time.Since(start) > ep.cfg.Spin {
+			if ep.mode == PollHybrid && time.Since(start) > ep.cfg.Spin {
 				return Completion{}, false, nil
 			}
 		}
@@ -128,12 +128,12 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 
 // callersPolling says whether a caller polls in Next now or has called
 // Next since the completion goroutine last looked. Completion goroutine only.
-func (ep *Endpoint) callersPolling() bool {
-	n := ep.nextCalls.Load()
-	recent := n != ep.seenCalls
-	ep.seenCalls = n
-	if !recent && ep.callers.Load() == 0 {
-		ep.asideFor = 0 // back to polling: the next stand-aside starts short
+func (p *cqPoller) callersPolling() bool {
+	n := p.nextCalls.Load()
+	recent := n != p.seenCalls
+	p.seenCalls = n
+	if !recent && p.callers.Load() == 0 {
+		p.asideFor = 0 // back to polling: the next stand-aside starts short
 		return false
 	}
 	return true
@@ -141,30 +141,30 @@ func (ep *Endpoint) callersPolling() bool {
 
 // standAside parks the completion goroutine until a caller leaves Next
 // without a completion, Close, or the back-off time has passed.
-func (ep *Endpoint) standAside() {
-	ep.asideFor = min(max(minAside, 2*ep.asideFor), maxAside)
-	if ep.aside == nil {
-		ep.aside = time.NewTimer(ep.asideFor)
+func (p *cqPoller) standAside() {
+	p.asideFor = min(max(minAside, 2*p.asideFor), maxAside)
+	if p.aside == nil {
+		p.aside = time.NewTimer(p.asideFor)
 	} else {
-		ep.aside.Reset(ep.asideFor)
+		p.aside.Reset(p.asideFor)
 	}
 	select {
-	case <-ep.kick:
-		ep.aside.Stop()
-		ep.asideFor = 0
+	case <-p.kick:
+		p.aside.Stop()
+		p.asideFor = 0
 		// Whoever kicked left Next without a completion and now waits
 		// for this goroutine: the Next calls so far must not make it
 		// stand aside again on its next look.
-		ep.seenCalls = ep.nextCalls.Load()
-	case <-ep.aside.C:
+		p.seenCalls = p.nextCalls.Load()
+	case <-p.aside.C:
 	}
 }
 
-// wakePoller ends the completion goroutine's standAside (now or, if it is
+// wake ends the completion goroutine's standAside (now or, if it is
 // not standing aside, the next time it does: the kick is buffered).
-func (ep *Endpoint) wakePoller() {
+func (p *cqPoller) wake() {
 	select {
-	case ep.kick <- struct{}{}:
+	case p.kick <- struct{}{}:
 	default:
 	}
 }

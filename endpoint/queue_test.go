@@ -77,26 +77,26 @@ func TestHandOffKeepsOrder(t *testing.T) {
 // always finds a completion waiting must still make the completion
 // goroutine stand aside (else the two take turns for every completion).
 func TestNextAnsweredByTheChannelCountsAsPolling(t *testing.T) {
-	ep := &Endpoint{cfg: Config{Poll: PollBusy}}
+	ep := &Endpoint{mode: PollBusy}
 	ep.queue.init(4)
 	ep.queue.out <- Completion{Context: "ready"}
-	require.False(t, ep.callersPolling(), "no Next yet")
+	require.False(t, ep.poller.callersPolling(), "no Next yet")
 	c, err := ep.Next(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, "ready", c.Context)
-	require.True(t, ep.callersPolling(), "a Next answered by the channel")
-	require.False(t, ep.callersPolling(), "no Next since the last look")
+	require.True(t, ep.poller.callersPolling(), "a Next answered by the channel")
+	require.False(t, ep.poller.callersPolling(), "no Next since the last look")
 }
 
 // TestKickEndsStandingAside: a hybrid caller that gave up spinning kicks
 // the completion goroutine and waits for it; the goroutine must poll at
 // once, not stand aside again because of that caller's Next call.
 func TestKickEndsStandingAside(t *testing.T) {
-	ep := &Endpoint{cfg: Config{Poll: PollHybrid}, kick: make(chan struct{}, 1)}
-	ep.nextCalls.Add(1) // a Next that spun
-	ep.wakePoller()     // and left without a completion
-	ep.standAside()     // returns at once on the kick
-	require.False(t, ep.callersPolling(), "the kicking caller waits: poll now")
-	ep.nextCalls.Add(1) // a later Next still counts
-	require.True(t, ep.callersPolling())
+	ep := &Endpoint{mode: PollHybrid, poller: cqPoller{kick: make(chan struct{}, 1)}}
+	ep.poller.nextCalls.Add(1) // a Next that spun
+	ep.poller.wake()           // and left without a completion
+	ep.poller.standAside()     // returns at once on the kick
+	require.False(t, ep.poller.callersPolling(), "the kicking caller waits: poll now")
+	ep.poller.nextCalls.Add(1) // a later Next still counts
+	require.True(t, ep.poller.callersPolling())
 }

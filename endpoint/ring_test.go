@@ -21,12 +21,12 @@ func TestRingWrapsAndDrops(t *testing.T) {
 
 func TestSlotTableReuse(t *testing.T) {
 	st := newSlotTable(2)
-	a := st.take(&Request{Context: "a"})
-	b := st.take(&Request{Context: "b"})
+	a := st.take(&Request{Context: "a"}, 0)
+	b := st.take(&Request{Context: "b"}, 0)
 	require.NotEqual(t, a, b)
 	require.Equal(t, 2, st.inUse())
 	require.Equal(t, "a", st.release(a).ctx)
 	require.Equal(t, 1, st.inUse())
-	c := st.take(&Request{Context: "c"})
+	c := st.take(&Request{Context: "c"}, 0)
 	require.Equal(t, a, c, "a freed slot is reused")
 }

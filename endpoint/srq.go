@@ -6,15 +6,17 @@ import (
 	"sync"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
 // SRQ is a shared receive queue (rdma_create_srq): receives posted to it
 // are consumed by whichever of its endpoints a message arrives on, and that
 // endpoint's Completions delivers the receive's context. Package cm makes
-// one for a listener (cm.WithSharedReceiveQueue).
+// one for a listener (cm.WithSharedReceiveQueue, Listener.SRQ).
 type SRQ struct {
-	pd     *bufpool.PD
+	pd     *seam.Domain
+	pdv    *bufpool.PD
 	srq    *verbs.SRQ
 	maxSGE int
 
@@ -27,33 +29,47 @@ type SRQ struct {
 
 const srqBit = 1 << 33
 
-// NewSRQ creates a shared receive queue of depth receives in pd (it takes a
-// reference), for package cm. Endpoints using it must be in the same PD.
-func NewSRQ(pd *bufpool.PD, depth, maxSGE int) (*SRQ, error) {
+func init() { seam.NewSRQ = newSRQ }
+
+// newSRQ is seam.NewSRQ.
+func newSRQ(dev *verbs.Context, pd any, depth, maxSGE int) (any, error) {
 	if depth <= 0 || maxSGE <= 0 {
 		return nil, fmt.Errorf("%w: shared receive queue depth %d, SGEs %d", ErrInvalid, depth, maxSGE)
 	}
-	pd.Acquire()
-	srq, err := pd.Verbs().NewSRQ(depth, maxSGE)
+	d := seam.DomainOf(pd)
+	if d == nil {
+		var err error
+		if d, err = seam.NewDomain(dev); err != nil {
+			return nil, err
+		}
+	} else if !d.OnDevice(dev) {
+		return nil, fmt.Errorf("%w: the shared protection domain is on another device", ErrInvalid)
+	} else if err := d.Acquire(); err != nil {
+		return nil, fmt.Errorf("endpoint: the shared protection domain: %w", err)
+	}
+	srq, err := d.PD().NewSRQ(depth, maxSGE)
 	if err != nil {
-		pd.Release()
+		d.Release()
 		return nil, err
 	}
-	return &SRQ{pd: pd, srq: srq, maxSGE: maxSGE, slots: newSlotTable(depth),
+	return &SRQ{pd: d, pdv: seam.WrapPD(d).(*bufpool.PD), srq: srq, maxSGE: maxSGE, slots: newSlotTable(depth),
 		batch: verbs.NewRecvBatch(1, maxSGE)}, nil
 }
 
 // PD is the protection domain the SRQ's receive buffers must be registered in.
-func (s *SRQ) PD() *bufpool.PD { return s.pd }
+func (s *SRQ) PD() *bufpool.PD { return s.pdv }
 
 // PostRecv posts b to receive one message on any endpoint of the SRQ.
 func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
 	if b == nil {
 		return fmt.Errorf("%w: recv without a buffer", ErrInvalid)
 	}
-	seg, err := b.Segment(0, b.Len())
+	sge, d, err := seam.BufferSGE(b, 0, b.Len())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: recv: %w", ErrInvalid, err)
+	}
+	if d != s.pd {
+		return fmt.Errorf("%w: recv of a buffer registered in another protection domain than the shared receive queue's (SRQ.PD)", ErrInvalid)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -63,9 +79,9 @@ func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
 	if len(s.slots.free) == 0 {
 		return ErrQueueFull
 	}
-	r := Request{Op: OpRecv, Context: wrContext, Buffer: b, Length: b.Len()}
-	idx := s.slots.take(&r)
-	s.batch.Add(&verbs.RecvWR{WRID: srqBit | uint64(idx), SGE: []verbs.SGE{{Addr: seg.Addr, Len: seg.Len, LKey: seg.LKey}}})
+	r := Request{Op: OpRecv, Context: wrContext, Buffer: b}
+	idx := s.slots.take(&r, b.Len())
+	s.batch.Add(&verbs.RecvWR{WRID: srqBit | uint64(idx), SGE: []verbs.SGE{sge}})
 	if err := verbs.Post(nil, s.srq, s.batch, nil); err != nil {
 		s.slots.release(idx)
 		return err

@@ -42,8 +42,8 @@ func TestBadRemoteAccess(t *testing.T) {
 			remote = tc.mangle(remote)
 			pool := newPool(t, bad.client, 64, 1)
 			b, _ := pool.TryGet()
-			req := endpoint.Request{Op: tc.op, Context: "bad", Buffer: b, Length: 64, Remote: remote}
-			require.NoError(t, bad.client.PostBatch([]endpoint.Request{*req.Apply(endpoint.NoInline())}))
+			req := endpoint.Request{Op: tc.op, Context: "bad", Buffer: b, Length: 64, Remote: remote, Flags: endpoint.NoInline}
+			require.NoError(t, bad.client.PostBatch([]endpoint.Request{req}))
 			c := next(t, bad.client)
 			var ce *endpoint.CompletionError
 			require.ErrorAs(t, c.Err, &ce)
@@ -102,7 +102,7 @@ func TestMessageLargerThanReceive(t *testing.T) {
 	c := next(t, p.server)
 	var ce *endpoint.CompletionError
 	require.ErrorAs(t, c.Err, &ce)
-	require.Contains(t, []endpoint.WCStatus{endpoint.StatusLocalLength, endpoint.StatusLocalQPOp}, ce.Status, "got %v", c.Err)
+	require.Contains(t, []endpoint.Status{endpoint.StatusLocalLength, endpoint.StatusLocalQPOp}, ce.Status, "got %v", c.Err)
 	require.Same(t, rb, c.Buffer, "the buffer comes back with the error")
 	sc := next(t, p.client)
 	require.Error(t, sc.Err, "the sender learns the send failed")
@@ -133,7 +133,7 @@ func TestOversizedPostsAreRefused(t *testing.T) {
 	bad := endpoint.Request{Op: endpoint.OpSend, Context: "bad", Buffer: b, Length: 100}
 	require.ErrorIs(t, p.client.PostBatch([]endpoint.Request{good, bad}), endpoint.ErrInvalid)
 	// A receive always completes, so send-only options on one are refused.
-	silentRecv := *(&endpoint.Request{Op: endpoint.OpRecv, Context: "silent recv", Buffer: b, Length: 64}).Apply(endpoint.Silent())
+	silentRecv := endpoint.Request{Op: endpoint.OpRecv, Context: "silent recv", Buffer: b, Length: 64, Flags: endpoint.Silent}
 	require.ErrorIs(t, p.client.PostBatch([]endpoint.Request{silentRecv}), endpoint.ErrInvalid)
 	require.NoError(t, pool.Put(b))
 	require.NoError(t, echoOnce(t, ctx, p))
@@ -161,7 +161,7 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 			c, _ := l.Accept(ctx)
 			accepted <- c
 		}()
-		raw, err := cm.Dial(ctx, l.Addr(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
+		raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
 		require.NoError(t, err)
 		srv := <-accepted
 		require.NotNil(t, srv)
@@ -193,7 +193,7 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 			c, _ := l.Accept(ctx)
 			accepted <- c
 		}()
-		c, err := msg.Dial(ctx, l.Addr())
+		c, err := msg.Dial(ctx, l.Addr().String())
 		if err != nil {
 			return err
 		}

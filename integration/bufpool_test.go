@@ -100,7 +100,7 @@ func TestRegionAccessIsExact(t *testing.T) {
 	b, _ := pool.TryGet()
 	require.NoError(t, p.client.PostRead("read-ok", b, 4096, remote))
 	require.NoError(t, next(t, p.client).Err)
-	require.NoError(t, p.client.PostWrite("write-denied", b, 16, remote, endpoint.NoInline()))
+	require.NoError(t, p.client.PostWrite("write-denied", b, 16, remote, endpoint.NoInline))
 	c := next(t, p.client)
 	var ce *endpoint.CompletionError
 	require.ErrorAs(t, c.Err, &ce)

@@ -79,7 +79,7 @@ func TestRejectWithPrivateData(t *testing.T) {
 	go func() {
 		req, err := l.AcceptRequest(ctx)
 		if err == nil {
-			req.Reject([]byte("go away: " + string(req.PrivateData[:5])))
+			req.Reject([]byte("go away: " + string(req.PrivateData()[:5])))
 		}
 	}()
 	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData([]byte("hello")))
@@ -102,7 +102,7 @@ func TestPrivateDataBothWays(t *testing.T) {
 			accepted <- nil
 			return
 		}
-		if !bytes.HasPrefix(req.PrivateData, []byte("from the dialer")) {
+		if !bytes.HasPrefix(req.PrivateData(), []byte("from the dialer")) {
 			req.Reject(nil)
 			accepted <- nil
 			return
@@ -110,14 +110,17 @@ func TestPrivateDataBothWays(t *testing.T) {
 		ep, _ := req.Accept(ctx, cm.WithPrivateData([]byte("from the listener")))
 		accepted <- ep
 	}()
-	var reply []byte
-	ep, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData([]byte("from the dialer")), cm.WithReplyData(&reply))
+	ep, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData([]byte("from the dialer")))
 	require.NoError(t, err)
 	defer closeAndDrain(t, ep)
 	sep := <-accepted
 	require.NotNil(t, sep)
 	defer closeAndDrain(t, sep)
-	require.True(t, bytes.HasPrefix(reply, []byte("from the listener")), "reply %q", reply)
+	require.True(t, bytes.HasPrefix(ep.PrivateData(), []byte("from the listener")), "reply %q", ep.PrivateData())
+	require.True(t, bytes.HasPrefix(sep.PrivateData(), []byte("from the dialer")), "request %q", sep.PrivateData())
+	require.Equal(t, ep.LocalAddr().String(), sep.RemoteAddr().String())
+	require.Equal(t, ep.RemoteAddr().String(), sep.LocalAddr().String())
+	require.Equal(t, l.Addr().String(), ep.RemoteAddr().String())
 
 	_, err = cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(make([]byte, 57)))
 	require.ErrorContains(t, err, "at most 56")

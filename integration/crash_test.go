@@ -216,7 +216,7 @@ func TestClientKilledMidStream(t *testing.T) {
 		pool.Close()
 		writeReady <- writeSide{ep, region}
 	}()
-	child := startHelper(t, "client", "streaming", rpcL.Addr(), dataL.Addr(), writeL.Addr().String())
+	child := startHelper(t, "client", "streaming", rpcL.Addr().String(), dataL.Addr().String(), writeL.Addr().String())
 	dataConn := <-dataReady
 	ws := <-writeReady
 	require.NotNil(t, dataConn)
@@ -245,7 +245,7 @@ func TestClientKilledMidStream(t *testing.T) {
 	require.NoError(t, region.Close())
 
 	// The RPC server serves a new client.
-	cl, err := msg.DialClient(ctx, rpcL.Addr())
+	cl, err := msg.DialClient(ctx, rpcL.Addr().String())
 	require.NoError(t, err)
 	resp, err := cl.Call(ctx, "echo", []byte("after the crash"))
 	require.NoError(t, err)

@@ -59,7 +59,7 @@ func echoUntilClosed(ctx context.Context, ep *endpoint.Endpoint, size, depth int
 // echoClient dials addr and sends msgs numbered messages one at a time,
 // checking each echo.
 func echoClient(ctx context.Context, addr string, id, msgs int, opts ...cm.Option) error {
-	ep, err := cm.Dial(ctx, addr, opts...)
+	ep, err := cm.Dial(ctx, addr, dialOptions(opts)...)
 	if err != nil {
 		return err
 	}

@@ -24,11 +24,21 @@ type pair struct {
 // accepts. Everything is closed, and the completions drained, at cleanup.
 func connect(t *testing.T, ctx context.Context, opts ...cm.Option) *pair {
 	t.Helper()
-	addr := rxetest.Addr(t)
-	l, err := cm.Listen(ctx, net.JoinHostPort(addr, "0"), opts...)
+	l, client, server, err := dialPair(ctx, rxetest.Addr(t), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, l.Close()) })
+	t.Cleanup(func() { closeAndDrain(t, client) })
+	t.Cleanup(func() { closeAndDrain(t, server) })
+	return &pair{client: client, server: server, listener: l}
+}
 
+// dialPair listens on addr (an ephemeral port), dials it and accepts. The
+// caller closes all three.
+func dialPair(ctx context.Context, addr string, opts ...cm.Option) (*cm.Listener, *endpoint.Endpoint, *endpoint.Endpoint, error) {
+	l, err := cm.Listen(ctx, net.JoinHostPort(addr, "0"), listenOptions(opts)...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	type accepted struct {
 		ep  *endpoint.Endpoint
 		err error
@@ -38,13 +48,33 @@ func connect(t *testing.T, ctx context.Context, opts ...cm.Option) *pair {
 		ep, err := l.Accept(ctx)
 		got <- accepted{ep, err}
 	}()
-	client, err := cm.Dial(ctx, l.Addr().String(), opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { closeAndDrain(t, client) })
+	client, err := cm.Dial(ctx, l.Addr().String(), dialOptions(opts)...)
+	if err != nil {
+		l.Close()
+		if a := <-got; a.ep != nil {
+			a.ep.CloseAndDrain(nil)
+		}
+		return nil, nil, nil, err
+	}
 	a := <-got
-	require.NoError(t, a.err)
-	t.Cleanup(func() { closeAndDrain(t, a.ep) })
-	return &pair{client: client, server: a.ep, listener: l}
+	if a.err != nil {
+		client.CloseAndDrain(nil)
+		l.Close()
+		return nil, nil, nil, a.err
+	}
+	return l, client, a.ep, nil
+}
+
+// dialOptions and listenOptions pass connection options to Dial and Listen.
+func dialOptions(opts []cm.Option) []cm.DialOption     { return convert[cm.DialOption](opts) }
+func listenOptions(opts []cm.Option) []cm.ListenOption { return convert[cm.ListenOption](opts) }
+
+func convert[T any](opts []cm.Option) []T {
+	out := make([]T, len(opts))
+	for i, o := range opts {
+		out[i] = any(o).(T)
+	}
+	return out
 }
 
 // closeAndDrain closes ep and reads its completions until the channel closes.

@@ -90,7 +90,7 @@ func TestLoad64Connections(t *testing.T) {
 		wg.Add(1)
 		go func() { // client side: send in order
 			defer wg.Done()
-			c, err := msg.Dial(ctx, l.Addr(), msg.WithRecvDepth(16), msg.WithBufferSize(256))
+			c, err := msg.Dial(ctx, l.Addr().String(), msg.WithRecvDepth(16), msg.WithBufferSize(256))
 			if err != nil {
 				errs <- err
 				return

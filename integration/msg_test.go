@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ func msgPair(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Conn, 
 		}
 		got <- c
 	}()
-	client, err := msg.Dial(ctx, l.Addr(), opts...)
+	client, err := msg.Dial(ctx, l.Addr().String(), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
 	server := <-got
@@ -131,7 +132,7 @@ func rpcServer(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Serv
 	s := msg.NewServer(rpcHandler)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ctx, l) }()
-	return s, l.Addr(), served
+	return s, l.Addr().String(), served
 }
 
 // TestRPCConcurrentCallers: 32 callers x 1000 calls on one connection,
@@ -256,6 +257,49 @@ func TestServerShutdownWithCallsInFlight(t *testing.T) {
 	require.Error(t, err, "the server is gone")
 }
 
+// TestServerShutdownWhileCallsKeepArriving: Shutdown waits for the calls in
+// flight while new ones keep arriving on open connections (and are still
+// served); under -race this checks that counting the handlers does not
+// race with waiting for them. Every caller ends with an error matching
+// ErrClosed once its connection is closed, and nothing leaks.
+func TestServerShutdownWhileCallsKeepArriving(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx)
+	const clients, callers = 4, 4
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	ended := make(chan error, clients*callers)
+	for range clients {
+		cl, err := msg.DialClient(ctx, addr)
+		require.NoError(t, err)
+		defer cl.Close()
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := cl.Call(ctx, "sleep", []byte("1ms")); err != nil {
+						ended <- err
+						return
+					}
+					calls.Add(1)
+				}
+			}()
+		}
+	}
+	for calls.Load() < 50 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	wg.Wait()
+	for range clients * callers {
+		require.ErrorIs(t, <-ended, msg.ErrClosed)
+	}
+	t.Logf("%d calls served before and during Shutdown", calls.Load())
+}
+
 // TestMalformedFrameEndsOnlyThatConnection: a peer that sends garbage after
 // a valid hello loses its connection with ErrMalformed; another connection
 // on the same listener keeps working.
@@ -275,13 +319,13 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	good, err := msg.Dial(ctx, l.Addr())
+	good, err := msg.Dial(ctx, l.Addr().String())
 	require.NoError(t, err)
 	defer good.Close()
 	goodSrv := <-accepted
 	defer goodSrv.Close()
 
-	raw, err := cm.Dial(ctx, l.Addr(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
 	require.NoError(t, err)
 	defer closeAndDrain(t, raw)
 	badSrv := <-accepted

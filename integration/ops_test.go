@@ -251,7 +251,8 @@ func TestBatchUnsignaledInline(t *testing.T) {
 		sb, _ := cpool.TryGet()
 		binary.LittleEndian.PutUint64(sb.Bytes(), uint64(i))
 		r := endpoint.Request{Op: endpoint.OpSend, Context: 1000 + i, Buffer: sb, Length: 8}
-		sends = append(sends, *r.Apply(endpoint.Unsignaled(), endpoint.Inline()))
+		r.Flags = endpoint.Unsignaled | endpoint.Inline
+		sends = append(sends, r)
 	}
 	require.NoError(t, p.server.PostBatch(recvs))
 	require.NoError(t, p.client.PostBatch(sends))
@@ -274,7 +275,7 @@ func TestBatchUnsignaledInline(t *testing.T) {
 	// Inline beyond the QP's inline size is refused before posting.
 	big, _ := cpool.TryGet()
 	if p.client.MaxInline() < big.Len() {
-		err := p.client.PostSend("too-big", big, p.client.MaxInline()+1, endpoint.Inline())
+		err := p.client.PostSend("too-big", big, p.client.MaxInline()+1, endpoint.Inline)
 		require.ErrorIs(t, err, endpoint.ErrInvalid)
 	}
 	require.ErrorIs(t, p.client.PostSend("over", big, big.Len()+1), endpoint.ErrInvalid)
@@ -309,9 +310,9 @@ func TestSilentSendsDeliverNothing(t *testing.T) {
 		var err error
 		for {
 			if i < n {
-				err = p.client.PostSend("silent", sb, 8, endpoint.Silent(), endpoint.Inline())
+				err = p.client.PostSend("silent", sb, 8, endpoint.Silent, endpoint.Inline)
 			} else {
-				err = p.client.PostSend("last", sb, 8, endpoint.Inline())
+				err = p.client.PostSend("last", sb, 8, endpoint.Inline)
 			}
 			if !errors.Is(err, endpoint.ErrQueueFull) {
 				break

@@ -9,13 +9,14 @@ import (
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // requireRemoteAccessError posts a write of b to remote on ep and checks
 // it fails with a remote access error, and that the target is untouched.
 func requireRemoteAccessError(t *testing.T, ep *endpoint.Endpoint, b *bufpool.Buffer, n int, remote bufpool.Remote) {
 	t.Helper()
-	require.NoError(t, ep.PostWrite("forbidden", b, n, remote, endpoint.NoInline()))
+	require.NoError(t, ep.PostWrite("forbidden", b, n, remote, endpoint.NoInline))
 	c := next(t, ep)
 	var ce *endpoint.CompletionError
 	require.ErrorAs(t, c.Err, &ce, "the write must fail")
@@ -31,7 +32,9 @@ func TestPoolsAreLocalOnly(t *testing.T) {
 	spool := newPool(t, p.server, 64, 1)
 	target, _ := spool.TryGet()
 	copy(target.Bytes(), "untouched")
-	seg, err := target.Segment(0, 64)
+	// What a peer could learn of the buffer: its address and key (the
+	// library does not publish them; the test reads them through the seam).
+	seg, _, err := seam.BufferSGE(target, 0, 64)
 	require.NoError(t, err)
 	cpool := newPool(t, p.client, 64, 1)
 	b, _ := cpool.TryGet()

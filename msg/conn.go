@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -80,6 +81,7 @@ type Conn struct {
 	loopDone  chan struct{}
 	ctrlDone  chan struct{}
 	closeOnce sync.Once
+	closeErr  error
 }
 
 type pendingRendezvous struct {
@@ -114,8 +116,10 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 }
 
 // postReceives is the cm setup step: the receives are posted before the
-// connection is, so the peer's first credits are real.
-func postReceives(o options, posted *[]*bufpool.Buffer, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
+// connection is, so the peer's first credits are real. The pool it makes
+// is stored in *pool; if the connection then fails, cm puts the posted
+// buffers back and abandon closes the pool.
+func postReceives(o options, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
 	return func(ep *endpoint.Endpoint) error {
 		p, err := bufpool.New(ep.PD(), bufpool.Size(o.bufSize), bufpool.Count(o.recvDepth))
 		if err != nil {
@@ -128,28 +132,25 @@ func postReceives(o options, posted *[]*bufpool.Buffer, pool **bufpool.Pool) fun
 				p.Put(b)
 				return err
 			}
-			*posted = append(*posted, b)
 		}
 		return nil
 	}
 }
 
-// abandon frees what postReceives made after cm gave up on the connection
-// (cm closed the endpoint first, so the device no longer uses them).
-func abandon(posted []*bufpool.Buffer, pool *bufpool.Pool) {
-	if pool == nil {
-		return
+// abandon frees the receive pool postReceives made after cm gave up on the
+// connection (cm has put the posted buffers back).
+func abandon(pool *bufpool.Pool) {
+	if pool != nil {
+		pool.Close()
 	}
-	for _, b := range posted {
-		pool.Put(b)
-	}
-	pool.Close()
 }
 
-func (o options) endpointOptions() []cm.Option {
+// connOptions are the cm options of every msg connection: the caller's,
+// then msg's own.
+func (o options) connOptions() []cm.Option {
 	// Every send takes a send buffer (recvDepth of them) and every
 	// rendezvous a read (at most recvDepth at once): the send queue holds both.
-	return append(o.cmOpts, cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1),
+	return append(o.cmOpts[:len(o.cmOpts):len(o.cmOpts)], cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1),
 		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
 }
 
@@ -159,16 +160,18 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	var posted []*bufpool.Buffer
 	var pool *bufpool.Pool
-	var reply []byte
-	ep, err := cm.Dial(ctx, addr, append(o.endpointOptions(), cm.WithSetup(postReceives(o, &posted, &pool)),
-		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode()), cm.WithReplyData(&reply))...)
+	dialOpts := []cm.DialOption{cm.WithSetup(postReceives(o, &pool)),
+		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode())}
+	for _, opt := range o.connOptions() {
+		dialOpts = append(dialOpts, opt)
+	}
+	ep, err := cm.Dial(ctx, addr, dialOpts...)
 	if err != nil {
-		abandon(posted, pool)
+		abandon(pool)
 		return nil, err
 	}
-	peer, err := parseHello(reply)
+	peer, err := parseHello(ep.PrivateData())
 	if err == nil {
 		var c *Conn
 		if c, err = newConn(ep, o, pool, peer); err == nil {
@@ -176,7 +179,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 		}
 	}
 	ep.CloseAndDrain(nil)
-	abandon(posted, pool)
+	abandon(pool)
 	return nil, err
 }
 
@@ -192,7 +195,11 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 	if err != nil {
 		return nil, err
 	}
-	l, err := cm.Listen(ctx, addr, o.cmOpts...)
+	listenOpts := make([]cm.ListenOption, 0, len(o.cmOpts))
+	for _, opt := range o.connOptions() {
+		listenOpts = append(listenOpts, opt)
+	}
+	l, err := cm.Listen(ctx, addr, listenOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +207,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 }
 
 // Addr is the listening address.
-func (l *Listener) Addr() string { return l.l.Addr().String() }
+func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 
 // Close stops listening. Accepted connections are not affected.
 func (l *Listener) Close() error { return l.l.Close() }
@@ -213,18 +220,17 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		peer, err := parseHello(req.PrivateData)
+		peer, err := parseHello(req.PrivateData())
 		if err != nil {
-			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr).Msg("msg: rejecting a connect request")
+			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: rejecting a connect request")
 			req.Reject([]byte("msg: no hello"))
 			continue
 		}
-		var posted []*bufpool.Buffer
 		var pool *bufpool.Pool
-		ep, err := req.Accept(ctx, append(l.o.endpointOptions(), cm.WithSetup(postReceives(l.o, &posted, &pool)),
-			cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))...)
+		ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
+			cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))
 		if err != nil {
-			abandon(posted, pool)
+			abandon(pool)
 			if ctx.Err() != nil {
 				return nil, err
 			}
@@ -234,12 +240,18 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		c, err := newConn(ep, l.o, pool, peer)
 		if err != nil {
 			ep.CloseAndDrain(nil)
-			abandon(posted, pool)
+			abandon(pool)
 			return nil, err
 		}
 		return c, nil
 	}
 }
+
+// LocalAddr is this side's address of the connection.
+func (c *Conn) LocalAddr() net.Addr { return c.ep.LocalAddr() }
+
+// RemoteAddr is the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.ep.RemoteAddr() }
 
 // Done is closed when the connection has ended.
 func (c *Conn) Done() <-chan struct{} { return c.done }
@@ -282,11 +294,11 @@ func (c *Conn) fail(err error) {
 
 // Close ends the connection: pending Sends and Recvs return ErrClosed, and
 // everything is freed once messages already handed out are released.
-// Idempotent.
+// Idempotent: every call returns the first one's result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.fail(ErrClosed)
-		c.ep.Close()
+		errs := []error{c.ep.Close()}
 		<-c.loopDone
 		<-c.ctrlDone
 		// Messages nobody took: give their memory back.
@@ -305,10 +317,10 @@ func (c *Conn) Close() error {
 			delete(c.rvSend, id)
 		}
 		c.mu.Unlock()
-		c.recvPool.Close()
-		c.sendPool.Close()
+		errs = append(errs, c.recvPool.Close(), c.sendPool.Close())
+		c.closeErr = errors.Join(errs...)
 	})
-	return nil
+	return c.closeErr
 }
 
 // repost gives a receive buffer back to the device and counts the credit.
@@ -461,12 +473,15 @@ func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
 	return err
 }
 
+// maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.
+const maxRendezvous = 1 << 31
+
 // sendRendezvous puts payload in a region the peer may read and sends its
 // description; the region is freed when the peer says it has read it (or
 // the connection ends), even if ctx gives up first.
 func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload []byte) error {
-	if uint64(len(payload)) > 1<<32-1 {
-		return errorf("a %d-byte message is larger than 4 GiB", len(payload))
+	if len(payload) > maxRendezvous {
+		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", len(payload), maxRendezvous)
 	}
 	region, err := bufpool.NewRegion(c.ep.PD(), len(payload), bufpool.RemoteRead)
 	if err != nil {
@@ -486,7 +501,7 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 	c.mu.Unlock()
 
 	remote := region.Remote()
-	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: remote.Len}
+	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(remote.Len)}
 	var body [rendezvousInfoSize]byte
 	info.encode(body[:])
 	if err := c.send(ctx, TypeRendezvous, id, body[:]); err != nil {

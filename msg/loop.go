@@ -113,9 +113,9 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 			c.recvPool.Put(b)
 		}
 		// The read counts as in flight from here: registering a large
-		// region takes this goroutine, which also takes the peer's
-		// messages, for seconds (64 MiB under TCG with -race: up to 27 s),
-		// and the keepalive must not read that as the peer's silence.
+		// region can take this goroutine, which also takes the peer's
+		// messages, for seconds, and the keepalive must not read that as
+		// the peer's silence.
 		c.mu.Lock()
 		c.reading++
 		c.mu.Unlock()
@@ -139,7 +139,7 @@ func (c *Conn) readRendezvous(info rendezvousInfo, h Header) error {
 		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
 	}
 	rr := &rendezvousRead{info: info, hdr: h, region: region}
-	err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: info.Length})
+	err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: uint64(info.Length)})
 	if err != nil {
 		region.Close()
 		return fmt.Errorf("msg: reading a rendezvous: %w", err)
@@ -210,15 +210,12 @@ func (c *Conn) controlLoop() {
 // messages are behind the RDMA READ in the connection's packet order;
 // while this side reads one of the peer's (counted from the announcement:
 // registering the region takes the goroutine that takes the peer's
-// messages), those messages wait. A 64 MiB rendezvous under TCG with -race
-// kept keepalives back for 27-52 s.)
+// messages), those messages wait.)
 //
 // Nor does time in which this side itself did not run: a check later than
 // one tick after the previous one means the process was stopped (a GC
 // stop-the-world waiting on a long non-preemptible copy, a descheduled
-// VM), and the peer's messages could not be taken then either. Under TCG
-// with -race a 64 MiB copy stopped the whole process for 5-35 s, and the
-// keepalive ended the healthy connection it was sent on.
+// VM), and the peer's messages could not be taken then either.
 func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil

@@ -6,6 +6,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // minRecvDepth: the credit protocol keeps one credit back for credit
@@ -40,6 +41,13 @@ func newOptions(opts []Option) (options, error) {
 	if o.bufSize < HeaderSize+rendezvousInfoSize {
 		return o, errorf("buffer size %d: at least %d", o.bufSize, HeaderSize+rendezvousInfoSize)
 	}
+	cfg, rnrRetrySet, err := seam.ConnOptions(o.cmOpts)
+	if err != nil {
+		return o, errorf("WithCMOptions: %w", err)
+	}
+	if cfg.SendDepth != 0 || cfg.RecvDepth != 0 || rnrRetrySet {
+		return o, errorf("WithCMOptions: queue depths and the RNR retry count are msg's own (set the receive depth with WithRecvDepth)")
+	}
 	return o, nil
 }
 
@@ -51,8 +59,9 @@ func WithRecvDepth(n int) Option { return func(o *options) { o.recvDepth = n } }
 // message whose payload does not fit the peer's buffers goes by rendezvous.
 func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
 
-// WithCMOptions passes options to cm.Dial and cm.Listen (polling mode,
-// logger, timeouts). Queue depths and private data are msg's own.
+// WithCMOptions passes connection options to cm.Dial and cm.Listen
+// (polling mode, logger, timeouts, a shared PD). Queue depths and the RNR
+// retry count are msg's own: Dial and Listen refuse options that set them.
 func WithCMOptions(opts ...cm.Option) Option {
 	return func(o *options) { o.cmOpts = append(o.cmOpts, opts...) }
 }
@@ -63,15 +72,11 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // WithKeepalive makes each side send a keepalive when it sent nothing for
 // interval, and end the connection with ErrPeerSilent when the peer, able
 // to send, sent nothing for timeout (default 2 s and 10 s; 0 turns either
-// off). Soft-RoCE does not fail a QP whose link is cut (its transport
-// retry timer never fires: librdmacm's rping hangs too), and an idle
-// connection never notices a dead peer at all; the keepalive does both.
-// Silence does not count while a rendezvous is being read either way: the
-// reader's messages wait behind its RDMA READ, and the reader takes none
-// while it registers the region and reads. Nor does time in which this side
-// itself was stopped (its checks, every interval/2, came late): a GC pause
-// behind a long copy stops every goroutine, the ones that take the peer's
-// messages too.
+// off; timeout at least twice interval). It detects a peer or link that
+// died where the device would not (an idle connection, or a device whose
+// transport timer does not fire). Silence does not count while a
+// rendezvous is being read either way, nor while this side itself was
+// stopped (its checks, every interval/2, came late).
 func WithKeepalive(interval, timeout time.Duration) Option {
 	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
 }

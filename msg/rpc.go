@@ -157,8 +157,9 @@ type Server struct {
 	l        *Listener
 	conns    map[*Conn]struct{}
 	shutdown bool
-	calls    sync.WaitGroup // handlers running
-	connWG   sync.WaitGroup // connection goroutines
+	active   int            // handlers running
+	idle     chan struct{}  // closed when active drops to 0; nil while nobody waits
+	connWG   sync.WaitGroup // connection goroutines (Add only before Shutdown's Wait: under mu, while !shutdown)
 }
 
 // NewServer makes a Server that answers with h.
@@ -223,9 +224,9 @@ func (s *Server) serveConn(c *Conn) {
 		req = append([]byte(nil), req...)
 		id := m.ID
 		m.Release() // the request is copied: the credit goes back now
-		s.calls.Add(1)
+		s.callStarts()
 		go func() {
-			defer s.calls.Done()
+			defer s.callEnds()
 			resp, herr := s.h(ctx, method, req)
 			typ := TypeResponse
 			if herr != nil {
@@ -240,6 +241,46 @@ func (s *Server) serveConn(c *Conn) {
 	c.Close()
 }
 
+// callStarts and callEnds count running handlers. (Not a WaitGroup:
+// calls still arrive while Shutdown waits, and a WaitGroup's Add must not
+// race with its Wait.)
+func (s *Server) callStarts() {
+	s.mu.Lock()
+	s.active++
+	s.mu.Unlock()
+}
+
+func (s *Server) callEnds() {
+	s.mu.Lock()
+	s.active--
+	if s.active == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+	s.mu.Unlock()
+}
+
+// waitIdle waits until no handler runs, or ctx ends.
+func (s *Server) waitIdle(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		if s.active == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		if s.idle == nil {
+			s.idle = make(chan struct{})
+		}
+		idle := s.idle
+		s.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Shutdown stops accepting, lets the calls in flight finish (until ctx
 // ends), then closes every connection. Calls arriving meanwhile are still
 // served. It returns ctx's error if calls were cut short.
@@ -251,17 +292,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if l != nil {
 		l.Close()
 	}
-	finished := make(chan struct{})
-	go func() {
-		s.calls.Wait()
-		close(finished)
-	}()
-	var err error
-	select {
-	case <-finished:
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
+	err := s.waitIdle(ctx)
 	s.mu.Lock()
 	conns := make([]*Conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -280,6 +311,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		c.Close()
 	}
 	s.connWG.Wait()
-	<-finished // handlers see their ctx end with the connection
+	s.waitIdle(context.Background()) // handlers see their ctx end with the connection
 	return err
 }

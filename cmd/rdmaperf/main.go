@@ -71,14 +71,11 @@ func main() {
 	iters := flag.Int("iters", 0, "iterations (default by size)")
 	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
 	// Each post is a cgo crossing and a doorbell (a syscall on rxe), and
-	// one completion stands for a post (perftest's cq_mod is 100): at 64 B,
-	// send_bw measured 0.69-0.99x perftest with 16 per post, 0.77-1.16x
-	// with 32 and 0.86-0.99x with 64 (64 above 32 in 4 of 5 alternating
-	// pairs, 2026-11-22 22:25 UTC, one boot).
+	// one completion stands for a post (perftest's cq_mod is 100): more
+	// requests per post, fewer of both (BENCHMARKS.md has the figures).
 	batch := flag.Int("batch", 64, "bandwidth: work requests per post (one doorbell), at most -depth/2")
 	reads := flag.Int("reads", 128, "RDMA reads in flight per direction, at most the device's (perftest -o: the device's maximum)")
-	// Hybrid polling pays off when the spin covers a round trip: 64 B
-	// round trips take ~50 µs on rxe under TCG, 4 KiB ones ~160 µs.
+	// Hybrid polling pays off when the spin covers a round trip.
 	spin := flag.Duration("spin", 200*time.Microsecond, "hybrid polling: spin this long before sleeping")
 	poll := flag.String("poll", "event", "completion polling: event, busy or hybrid")
 	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")

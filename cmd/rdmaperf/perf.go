@@ -30,23 +30,27 @@ type peer struct {
 	pool *bufpool.Pool
 }
 
-func (c config) cmOptions(p *peer, recvDepth int) []cm.Option {
-	sendDepth := c.depth + 1
-	return []cm.Option{
-		cm.WithSendDepth(sendDepth), cm.WithRecvDepth(recvDepth), cm.WithPolling(c.poll, c.spin),
-		cm.WithReadDepth(c.reads),
-		cm.WithSetup(func(ep *endpoint.Endpoint) error {
-			var err error
-			if p.pool, err = bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2)); err != nil {
-				return err
-			}
-			p.desc, _ = p.pool.TryGet()
-			return ep.PostRecv("desc", p.desc)
-		}),
-	}
+// connOptions are the connection's options, on both sides.
+func (c config) connOptions(recvDepth int) []cm.Option {
+	return []cm.Option{cm.WithSendDepth(c.depth + 1), cm.WithRecvDepth(recvDepth),
+		cm.WithPolling(c.poll, c.spin), cm.WithReadDepth(c.reads)}
 }
 
-// close ends the connection and frees the descriptor pool.
+// setup posts p's descriptor receive before the connection is made.
+func (p *peer) setup() cm.HandshakeOption {
+	return cm.WithSetup(func(ep *endpoint.Endpoint) error {
+		var err error
+		if p.pool, err = bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(2)); err != nil {
+			return err
+		}
+		p.desc, _ = p.pool.TryGet()
+		return ep.PostRecv("desc", p.desc)
+	})
+}
+
+// close ends the connection and frees the descriptor pool: the
+// descriptor buffer comes back from CloseAndDrain if its receive was still
+// posted, and from the Put otherwise (the other one is refused, harmlessly).
 func (p *peer) close() {
 	p.ep.CloseAndDrain(nil)
 	p.pool.Put(p.desc)
@@ -118,7 +122,11 @@ func serve(ctx context.Context, cfg config) error {
 		cfg.poll = endpoint.PollEvent
 	}
 	var p peer
-	p.ep, err = l.Accept(ctx, cfg.cmOptions(&p, serverRecvs+1)...)
+	opts := []cm.AcceptOption{p.setup()}
+	for _, o := range cfg.connOptions(serverRecvs + 1) {
+		opts = append(opts, o)
+	}
+	p.ep, err = l.Accept(ctx, opts...)
 	if err != nil {
 		return err
 	}
@@ -221,7 +229,7 @@ func (r *receiver) serve(ctx context.Context) error {
 	var reply endpoint.Request
 	if r.reply != nil {
 		limit = 2 * repostBatch
-		reply = *(&endpoint.Request{Op: endpoint.OpSend, Buffer: r.reply}).Apply(endpoint.Silent())
+		reply = endpoint.Request{Op: endpoint.OpSend, Buffer: r.reply, Flags: endpoint.Silent}
 	}
 	for {
 		batch := r.batch[:0]
@@ -275,7 +283,11 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 	}
 	var p peer
 	var err error
-	p.ep, err = cm.Dial(ctx, cfg.addr, cfg.cmOptions(&p, 2)...)
+	opts := []cm.DialOption{p.setup()}
+	for _, o := range cfg.connOptions(2) {
+		opts = append(opts, o)
+	}
+	p.ep, err = cm.Dial(ctx, cfg.addr, opts...)
 	if err != nil {
 		return result{}, err
 	}
@@ -324,10 +336,10 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 	for i := range reqs {
 		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
 		if i < batch-1 {
-			reqs[i].Apply(endpoint.Silent())
+			reqs[i].Flags = endpoint.Silent
 		}
 		if cfg.test == "write_imm_bw" {
-			reqs[i].Apply(endpoint.WithImm(uint32(i)))
+			reqs[i].HasImm, reqs[i].Imm = true, uint32(i)
 		}
 	}
 	inflight, posted, done := 0, 0, 0
@@ -386,7 +398,7 @@ func latency(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, r 
 	// Completion of it to take on the timed path.
 	pingPong := []endpoint.Request{
 		{Op: endpoint.OpRecv, Context: "pong", Buffer: rb, Length: rb.Len()},
-		*(&endpoint.Request{Op: endpoint.OpSend, Buffer: sb, Length: cfg.size}).Apply(endpoint.Silent()),
+		{Op: endpoint.OpSend, Buffer: sb, Length: cfg.size, Flags: endpoint.Silent},
 	}
 	stamps := make([]time.Time, 0, cfg.iters+1)
 	for range cfg.iters {

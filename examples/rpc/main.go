@@ -113,7 +113,7 @@ func serve(ctx context.Context, addr string, ready chan<- string) error {
 	st := &store{m: map[string][]byte{}}
 	srv := msg.NewServer(st.handle)
 	if ready != nil {
-		ready <- l.Addr()
+		ready <- l.Addr().String()
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, l) }()

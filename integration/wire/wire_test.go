@@ -43,7 +43,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // Accept now learns of the connection from the dialer's first message
 // (TestWireLostRTU); the timeout is msg's default, 10 s, all the same.
 const (
-	ackTimeout       = 14 // 67 ms, for the devices that honour it
+	ackTimeout       = 67 * time.Millisecond // for the devices that honour it
 	keepalive        = 250 * time.Millisecond
 	keepaliveTimeout = 10 * time.Second
 	cutBound         = 15 * time.Second

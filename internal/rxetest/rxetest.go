@@ -9,6 +9,7 @@ package rxetest
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -35,6 +36,21 @@ func Addr(t testing.TB) string {
 	}
 	t.Skip(why)
 	return ""
+}
+
+// SkipExamplesWithoutDevice makes the test binary skip the examples that
+// match pattern outside the testbed: call it from TestMain before m.Run.
+// The examples listen on RDMACM_TEST_ADDR, which the testbed sets; with
+// RDMACM_REQUIRE_DEVICE set (make test) they run, and fail without it.
+func SkipExamplesWithoutDevice(pattern string) {
+	if os.Getenv("RDMACM_TEST_ADDR") != "" || os.Getenv("RDMACM_REQUIRE_DEVICE") != "" {
+		return
+	}
+	flag.Parse()
+	if skip := flag.Lookup("test.skip"); skip != nil && skip.Value.String() == "" {
+		fmt.Fprintln(os.Stderr, "no RDMA device: skipping the examples that need one (`make test` runs them in the testbed)")
+		flag.Set("test.skip", pattern)
+	}
 }
 
 // Peer is for tests across a wire, run with two testbed guests (rxevm

@@ -306,9 +306,8 @@ func acceptUntil(ctx context.Context, l net.Listener) (net.Conn, error) {
 // vmx or svm and the host's KVM is not the PVM flavour. Otherwise TCG.
 // kernelCmdline is the guest kernel's command line. Under TCG the kernel
 // distrusts the emulated TSC and picks the HPET, which makes every clock
-// read an emulated MMIO access (~1.8 µs, measured with time.Now in the
-// guest; 0.2 µs with the TSC): Go reads the clock in its scheduler, so the
-// TSC is forced there. Under KVM the kernel's own choice is right.
+// read an emulated MMIO access, several times dearer than the TSC: Go
+// reads the clock in its scheduler, so the TSC is forced there. Under KVM the kernel's own choice is right.
 func kernelCmdline(accel []string) string {
 	line := "console=ttyS0 panic=-1 quiet loglevel=3"
 	if slices.Contains(accel, "tcg,thread=multi") {

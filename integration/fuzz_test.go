@@ -1,0 +1,301 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// fuzzConn is the connection FuzzPostRequest posts on: made once per
+// process (a fuzz worker runs many inputs), and made again when an input's
+// work request failed on the device and took the connection down.
+type fuzzConn struct {
+	p        *pair
+	pool     *bufpool.Pool   // the client's buffers
+	local    *bufpool.Region // a client region, posted as a buffer
+	remote   *bufpool.Region // the server's region the client reads, writes and updates
+	srvPool  *bufpool.Pool   // the server's receive and send buffers
+	srvRecvs int             // receives the server has posted
+	// pending are the contexts of posts that will deliver a completion and
+	// have not yet: each must come back exactly once, at the latest when
+	// the connection is closed. silent are those of silent posts, which
+	// deliver one only if they fail.
+	pending, silent map[int]bool
+	next            int
+}
+
+var fuzzed *fuzzConn
+
+// fuzzConnection returns the process's connection, made anew if the last
+// one is gone. It outlives single inputs: FuzzPostRequest's cleanup closes
+// the last one.
+func fuzzConnection(t *testing.T, addr string) *fuzzConn {
+	if fuzzed != nil {
+		select {
+		case <-fuzzed.p.client.Done():
+			fuzzed.close(t)
+			fuzzed = nil
+		case <-fuzzed.p.server.Done():
+			fuzzed.close(t)
+			fuzzed = nil
+		default:
+			return fuzzed
+		}
+	}
+	ctx := context.Background()
+	fc := &fuzzConn{pending: map[int]bool{}, silent: map[int]bool{}}
+	l, client, server, err := dialPair(ctx, addr)
+	require.NoError(t, err)
+	fc.p = &pair{client: client, server: server, listener: l}
+	fc.pool, err = bufpool.New(client.PD(), bufpool.Size(4096), bufpool.Count(4))
+	require.NoError(t, err)
+	fc.local, err = bufpool.NewRegion(client.PD(), 4096, 0)
+	require.NoError(t, err)
+	fc.remote, err = bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead|bufpool.RemoteWrite|bufpool.RemoteAtomic)
+	require.NoError(t, err)
+	fc.srvPool, err = bufpool.New(server.PD(), bufpool.Size(4096), bufpool.Count(serverRecvs+8))
+	require.NoError(t, err)
+	fuzzed = fc
+	return fc
+}
+
+// close ends the connection and checks that every pending context came
+// back exactly once and every buffer went home.
+func (fc *fuzzConn) close(t testing.TB) {
+	for _, side := range []*endpoint.Endpoint{fc.p.client, fc.p.server} {
+		require.NoError(t, side.CloseAndDrain(func(c endpoint.Completion) {
+			fc.delivered(t, c)
+			if c.Buffer != nil && c.Buffer != fc.local.Buffer() {
+				for _, p := range []*bufpool.Pool{fc.pool, fc.srvPool} {
+					if p.Put(c.Buffer) == nil {
+						break
+					}
+				}
+			}
+		}))
+	}
+	require.Empty(t, fc.pending, "posted contexts that never came back")
+	require.Zero(t, fc.pool.Stats().Out, "client buffers not back")
+	require.Zero(t, fc.srvPool.Stats().Out, "server buffers not back")
+	require.NoError(t, fc.pool.Close())
+	require.NoError(t, fc.srvPool.Close())
+	require.NoError(t, fc.local.Close())
+	require.NoError(t, fc.remote.Close())
+	require.NoError(t, fc.p.listener.Close())
+}
+
+// serverRecvs is how many receives the server keeps posted for the
+// client's sends and writes with immediate data.
+const serverRecvs = 64
+
+// delivered accounts for a completion of the client's: its context must be
+// pending, or silent and failed.
+func (fc *fuzzConn) delivered(t testing.TB, c endpoint.Completion) (id int) {
+	id, ok := c.Context.(int)
+	switch {
+	case !ok:
+		return 0
+	case fc.pending[id]:
+		delete(fc.pending, id)
+	case fc.silent[id]:
+		require.Error(t, c.Err, "a silent post that succeeded delivered a completion")
+		delete(fc.silent, id)
+	default:
+		t.Fatalf("context %d delivered twice or never posted", id)
+	}
+	return id
+}
+
+// FuzzPostRequest builds arbitrary Requests (any op, buffer, length,
+// segments, remote, immediate data, atomic operands and flags) and posts
+// them on a real endpoint: a post either succeeds, and its completion comes
+// back exactly once, or is refused with a typed error and posts nothing;
+// never a panic, a lost context, a leaked buffer or verbs resource.
+func FuzzPostRequest(f *testing.F) {
+	rxetest.CheckResources(f)
+	addr := rxetest.Addr(f)
+	f.Cleanup(func() {
+		if fuzzed != nil {
+			fuzzed.close(f)
+			fuzzed = nil
+		}
+	})
+	// Seeds: op, buffer kind, length, segments, segment offset and length,
+	// remote kind, imm flag, imm, compare, swap, add, flags.
+	f.Add(uint8(endpoint.OpSend), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
+	f.Add(uint8(endpoint.OpSend), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(0), false, uint32(7), uint64(0), uint64(0), uint64(0), uint8(0))
+	f.Add(uint8(endpoint.OpRecv), uint8(1), int64(0), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(endpoint.Silent))
+	f.Add(uint8(endpoint.OpWrite), uint8(2), int64(4096), uint8(0), int64(0), int64(0), uint8(1), true, uint32(9), uint64(0), uint64(0), uint64(0), uint8(endpoint.Solicited))
+	f.Add(uint8(endpoint.OpRead), uint8(0), int64(0), uint8(3), int64(100), int64(900), uint8(2), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(endpoint.Fence))
+	f.Add(uint8(endpoint.OpCompareAndSwap), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(0), uint64(5), uint64(0), uint8(0))
+	f.Add(uint8(endpoint.OpFetchAndAdd), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(0), uint64(0), uint64(3), uint8(endpoint.Unsignaled))
+	f.Add(uint8(endpoint.OpFetchAndAdd), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(1), uint64(0), uint64(3), uint8(0))
+	f.Add(uint8(endpoint.OpSend), uint8(3), int64(16), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(endpoint.Inline|endpoint.NoInline))
+	f.Add(uint8(endpoint.OpWrite), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(3), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
+	f.Add(uint8(9), uint8(1), int64(-1), uint8(9), int64(-5), int64(1<<40), uint8(0), true, uint32(1), uint64(1), uint64(1), uint64(1), uint8(0xff))
+	f.Fuzz(func(t *testing.T, op, bufKind uint8, length int64, nsegs uint8, segOff, segLen int64,
+		remoteKind uint8, hasImm bool, imm uint32, compare, swap, add uint64, flags uint8) {
+		fc := fuzzConnection(t, addr)
+		r := endpoint.Request{Op: endpoint.Op(op % 8), Length: int(length), HasImm: hasImm, Imm: imm,
+			Compare: compare, Swap: swap, Add: add, Flags: endpoint.Flags(flags)}
+		var held *bufpool.Buffer // a pool buffer this input took
+		switch bufKind % 4 {
+		case 1:
+			held, _ = fc.pool.TryGet()
+			r.Buffer = held
+		case 2:
+			r.Buffer = fc.local.Buffer()
+		case 3: // a buffer already put back in its pool
+			b, _ := fc.pool.TryGet()
+			require.NoError(t, fc.pool.Put(b))
+			r.Buffer = b
+		}
+		for i := range int(nsegs % 8) {
+			if i == 0 && held == nil {
+				held, _ = fc.pool.TryGet()
+			}
+			s, err := held.Segment(int(segOff), int(segLen)) // the zero Segment when out of range
+			if err != nil {
+				require.ErrorIs(t, err, bufpool.ErrRange)
+			}
+			r.Segments = append(r.Segments, s)
+		}
+		switch remoteKind % 4 {
+		case 1:
+			r.Remote = fc.remote.Remote()
+		case 2:
+			r.Remote, _ = fc.remote.Remote().Slice(int(segOff%4096), int(segLen%64))
+		case 3: // memory the client was never given
+			r.Remote = bufpool.Remote{Addr: compare, RKey: imm, Len: add}
+		}
+		fc.post(t, r)
+		if held != nil {
+			require.NoError(t, fc.pool.Put(held), "the buffer came back from its completion")
+		}
+	})
+}
+
+// post posts r and checks what follows: a refusal posts nothing; a post
+// that is not silent delivers its completion exactly once.
+func (fc *fuzzConn) post(t *testing.T, r endpoint.Request) {
+	fc.next++
+	id := fc.next
+	r.Context = id
+	// Receives on the server for the sends and writes with immediate data
+	// the client may post. Each input consumes at most one, and its
+	// completion is taken here or while waiting; many are posted so that
+	// ones not yet taken never leave the server without.
+	fc.takeServer()
+	for fc.srvRecvs < serverRecvs {
+		b, ok := fc.srvPool.TryGet()
+		require.True(t, ok)
+		require.NoError(t, fc.p.server.PostRecv("srv-recv", b))
+		fc.srvRecvs++
+	}
+	err := fc.p.client.PostBatch([]endpoint.Request{r})
+	if err != nil {
+		var ce *endpoint.CompletionError
+		switch {
+		case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, endpoint.ErrNoAtomics):
+		case errors.As(err, &ce), errors.Is(err, endpoint.ErrClosed):
+			// An earlier input's failure ended the connection; posts are refused.
+		default:
+			t.Fatalf("post of %s: untyped error %v", describe(r), err)
+		}
+		fc.expectNothing(t)
+		return
+	}
+	if r.Op == endpoint.OpRecv {
+		fc.serverSends(t) // a 0-byte message fits every receive
+	}
+	if r.Flags&endpoint.Silent != 0 {
+		fc.silent[id] = true
+		return // it delivers only a failure, which a later input or close collects
+	}
+	fc.pending[id] = true
+	if r.Flags&endpoint.Unsignaled != 0 {
+		// Its context comes back with the next signaled completion of the
+		// send queue: post one, a 0-byte write.
+		fc.next++
+		flush := endpoint.Request{Op: endpoint.OpWrite, Context: fc.next, Buffer: fc.local.Buffer(), Remote: fc.remote.Remote()}
+		if err := fc.p.client.PostBatch([]endpoint.Request{flush}); err != nil {
+			require.ErrorIs(t, err, endpoint.ErrClosed, "the signaled write after an unsignaled request")
+		} else {
+			fc.pending[fc.next] = true
+			defer fc.waitFor(t, fc.next, "the signaled write after it")
+		}
+	}
+	fc.waitFor(t, id, describe(r))
+}
+
+// waitFor reads the client's completions until id's, and the server's.
+func (fc *fuzzConn) waitFor(t *testing.T, id int, what string) {
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case c, ok := <-fc.p.client.Completions():
+			require.True(t, ok, "completions closed before %s's", what)
+			if fc.delivered(t, c) == id {
+				return
+			}
+		case c := <-fc.p.server.Completions():
+			fc.serverCompleted(c)
+		case <-deadline:
+			t.Fatalf("no completion for %s within 20 s", what)
+		}
+	}
+}
+
+// serverSends sends a 0-byte message from the server.
+func (fc *fuzzConn) serverSends(t *testing.T) {
+	b, ok := fc.srvPool.TryGet()
+	require.True(t, ok)
+	if err := fc.p.server.PostSend("srv-send", b, 0); err != nil {
+		require.NoError(t, fc.srvPool.Put(b))
+	}
+}
+
+// takeServer takes the server's completions that are there.
+func (fc *fuzzConn) takeServer() {
+	for {
+		select {
+		case c := <-fc.p.server.Completions():
+			fc.serverCompleted(c)
+		default:
+			return
+		}
+	}
+}
+
+func (fc *fuzzConn) serverCompleted(c endpoint.Completion) {
+	if c.Context == "srv-recv" {
+		fc.srvRecvs--
+	}
+	if c.Buffer != nil {
+		fc.srvPool.Put(c.Buffer)
+	}
+}
+
+// expectNothing checks that a refused post delivered nothing.
+func (fc *fuzzConn) expectNothing(t *testing.T) {
+	select {
+	case c, ok := <-fc.p.client.Completions():
+		if ok {
+			fc.delivered(t, c) // fails for the refused post's context
+		}
+	default:
+	}
+}
+
+func describe(r endpoint.Request) string {
+	return fmt.Sprintf("%v (buffer %v, length %d, %d segments, remote %+v, imm %v/%d, flags %v)",
+		r.Op, r.Buffer != nil, r.Length, len(r.Segments), r.Remote, r.HasImm, r.Imm, r.Flags)
+}

@@ -1,0 +1,158 @@
+// Package seam holds what the public packages share with each other but
+// must not export: the reference-counted protection domain behind
+// bufpool.PD, and the constructors package cm calls to build endpoints and
+// shared receive queues.
+//
+// A public type cannot hand its internals to a sibling package without an
+// exported method that applications could call too. So each public package
+// that owns a type registers, in its init, the functions its siblings need
+// (the variables below); a sibling calls them through this package, which
+// applications cannot import. Public types cross as `any` and are asserted
+// by the package that owns them.
+package seam
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/go-rdma/rdmacm/internal/verbs"
+)
+
+// Domain is a protection domain with a reference count: it is freed when
+// the last endpoint, pool, region and shared receive queue using it let go,
+// in any order.
+type Domain struct {
+	pd  *verbs.PD
+	dev uintptr // the device context it belongs to
+
+	mu   sync.Mutex
+	refs int
+}
+
+// NewDomain allocates a protection domain on dev with one reference.
+func NewDomain(dev *verbs.Context) (*Domain, error) {
+	if dev == nil {
+		return nil, fmt.Errorf("no RDMA device context: %w", verbs.ErrNoDevice)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return &Domain{pd: pd, dev: dev.Key(), refs: 1}, nil
+}
+
+// ErrFreed is Acquire's error for a domain whose last reference is gone.
+var ErrFreed = errors.New("the protection domain is freed: every endpoint, pool and region using it is closed")
+
+// Acquire takes one more reference, unless the domain is already freed.
+func (d *Domain) Acquire() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refs == 0 {
+		return ErrFreed
+	}
+	d.refs++
+	return nil
+}
+
+// Release drops one reference; the last frees the PD.
+func (d *Domain) Release() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refs--
+	if d.refs != 0 {
+		return nil
+	}
+	return d.pd.Dealloc()
+}
+
+// OnDevice reports whether the domain belongs to the device context dev.
+func (d *Domain) OnDevice(dev *verbs.Context) bool { return d.dev == dev.Key() }
+
+// PD is the verbs protection domain.
+func (d *Domain) PD() *verbs.PD { return d.pd }
+
+// Registered by package bufpool.
+var (
+	// WrapPD returns a *bufpool.PD for d: a view, which takes no reference.
+	WrapPD func(d *Domain) any
+	// DomainOf returns the Domain of a *bufpool.PD (nil for a nil or
+	// closed one).
+	DomainOf func(pd any) *Domain
+	// BufferSGE names [off, off+n) of a *bufpool.Buffer for a work
+	// request, with the domain its memory is registered in; an error if
+	// the buffer is not the caller's to post (back in its pool, or of a
+	// closed region) or the range is outside it.
+	BufferSGE func(buf any, off, n int) (verbs.SGE, *Domain, error)
+	// SegmentSGE is BufferSGE for a *bufpool.Segment.
+	SegmentSGE func(seg any) (verbs.SGE, *Domain, error)
+	// PutBack returns a *bufpool.Buffer to its pool, if it has one and is
+	// out of it; a buffer already back is left alone.
+	PutBack func(buf any)
+)
+
+// EndpointConfig sizes and tunes an endpoint; package cm fills it from its
+// options. The zero value is usable.
+type EndpointConfig struct {
+	SendDepth int // send queue slots (default 128)
+	RecvDepth int // receive queue slots (default 128)
+	MaxSGE    int // scatter/gather entries per work request (default 4)
+	MaxInline int // inline bytes asked of the QP (default 64; the device may grant more)
+	// SignalEvery: an unsignaled send is forced signaled after this many
+	// unsignaled ones in a row, so their slots come back (default SendDepth/4).
+	SignalEvery int
+	Poll        int           // an endpoint.PollMode
+	Spin        time.Duration // hybrid polling's spin (default 50µs)
+	// CloseTimeout bounds how long Close waits for flushed completions
+	// before it destroys the QP anyway, and how long undelivered
+	// completions wait for a reader after Close (default 5s).
+	CloseTimeout time.Duration
+	Logger       zerolog.Logger
+	// SRQ, if set, is an *endpoint.SRQ that receives for this endpoint.
+	SRQ any
+	// PD, if set, is a *bufpool.PD the endpoint shares (it takes a
+	// reference); otherwise the endpoint gets a protection domain of its own.
+	PD any
+	// LocalAddr and RemoteAddr are the connection's addresses.
+	LocalAddr, RemoteAddr net.Addr
+}
+
+// Control is what package cm keeps to drive an endpoint's connection state.
+type Control struct {
+	// PeerGone tells the endpoint its connection ended (DISCONNECTED,
+	// device removal, ...): the QP moves to the error state so pending
+	// work flushes back with errors, and Done closes.
+	PeerGone func(cause error)
+	// Received is closed when the first receive completes without error:
+	// the peer is connected and sending.
+	Received <-chan struct{}
+	// Established records the private data the peer sent with its
+	// connect request or its accept.
+	Established func(privateData []byte)
+}
+
+// Registered by package cm.
+var (
+	// ConnOptions applies a []cm.Option to the defaults and returns the
+	// endpoint configuration they make and whether one set the RNR retry
+	// count, or the first invalid one's error: for package msg, which owns
+	// some of them.
+	ConnOptions func(opts any) (cfg EndpointConfig, rnrRetrySet bool, err error)
+)
+
+// Registered by package endpoint.
+var (
+	// NewEndpoint creates the completion channel, CQ and RC QP on id
+	// (which has a resolved route, or comes from a connect request) and
+	// returns the *endpoint.Endpoint. onClose runs once after the QP, CQ
+	// and channel are destroyed (package cm destroys the id there).
+	NewEndpoint func(id *verbs.CMID, cfg EndpointConfig, onClose func() error) (any, *Control, error)
+	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
+	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
+	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
+)
