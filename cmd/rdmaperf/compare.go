@@ -319,8 +319,17 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
 		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
 	b.WriteString(readingTheTable)
+	if old, err := os.ReadFile(path); err == nil {
+		if i := strings.Index(string(old), keptSection); i >= 0 {
+			b.WriteString(string(old[i:]))
+		}
+	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
+
+// keptSection starts BENCHMARKS.md's hand-kept part (figures of earlier
+// runs and of other tools), which writeMarkdown carries over as it is.
+const keptSection = "\n## Earlier runs and other measurements\n"
 
 // rnrNote lists the rows during whose runs the device counted RNR NAKs.
 func rnrNote(rows []row) string {

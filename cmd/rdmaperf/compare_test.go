@@ -62,6 +62,21 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 	assert.True(t, strings.HasSuffix(string(md), readingTheTable))
 }
 
+// A new make bench rewrites its table and keeps the hand-kept section.
+func TestMarkdownKeepsTheEarlierRunsSection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	kept := keptSection + "\n| earlier | figures |\n"
+	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nold table\n"+kept), 0o644))
+	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.NotContains(t, string(got), "old table")
+	assert.True(t, strings.HasSuffix(string(got), kept), "the kept section is carried over whole, at the end")
+	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	again, _ := os.ReadFile(path)
+	assert.Equal(t, 1, strings.Count(string(again), keptSection), "and only once")
+}
+
 func TestRNRNoteNamesTheRowsThatHadThem(t *testing.T) {
 	rows := []row{
 		{Test: "send_bw", Size: 64, Poll: "event", PerftestRNR: 0, OursRNR: 0},
