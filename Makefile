@@ -7,7 +7,10 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe test-wire demo bench clean
+.PHONY: all deps build vet test test-host test-rxe test-examples test-fuzz test-wire demo bench clean
+
+# staticcheck comes through the Go module proxy at a pinned version.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 all: build
 
@@ -20,6 +23,7 @@ build: deps
 
 vet: deps
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
@@ -41,7 +45,21 @@ test-rxe: build
 test-wire: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -guests 2' ./integration/wire
 
-test: vet test-host test-rxe test-wire
+# The runnable godoc examples of msg, endpoint and bufpool (their output
+# checked) on rxe0; on a host without a device they skip.
+test-examples: build
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -run '^Example' -exec $(RXEVM) ./msg ./endpoint ./bufpool
+
+# FuzzPostRequest fuzzing for 20 s on rxe0: arbitrary endpoint.Requests on a
+# real connection. The engine's cache stays in the guest's /var/tmp; a
+# failing input is written to integration/testdata/fuzz, the one directory
+# the guest may write.
+test-fuzz: build
+	$(GO) test -c -fuzz '^FuzzPostRequest$$' -o bin/integration.fuzz ./integration
+	cd integration && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -w $(CURDIR)/integration $(CURDIR)/bin/integration.fuzz \
+	  -test.run '^$$' -test.fuzz '^FuzzPostRequest$$' -test.fuzztime 20s -test.parallel 1 -test.fuzzcachedir /var/tmp/fuzz
+
+test: vet test-host test-rxe test-examples test-fuzz test-wire
 
 # The echo server and client, then the RPC server and client, over rxe0 (in
 # the testbed guest when this host has no RDMA device).
