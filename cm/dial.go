@@ -2,6 +2,18 @@
 // Go's net shapes: Listen/Accept and Dial with a context, each connection an
 // *endpoint.Endpoint. Each connection has its own CM event channel, read by
 // one goroutine on Go's netpoller; every event is acked.
+//
+// Each call takes the options that mean something there, and only those:
+//
+//	Option           the connection (queues, polling, timers, logging, PD): Dial, Listen, Accept
+//	HandshakeOption  one handshake (private data, setup): Dial, Accept
+//	DialOption       Option, HandshakeOption, WithResolveTimeout
+//	ListenOption     Option, WithBacklog, WithSharedReceiveQueue
+//	AcceptOption     Option, HandshakeOption
+//
+// Options given to Listen are the defaults of every connection it accepts;
+// those given to Accept are added to them. An invalid value is refused with
+// an error matching endpoint.ErrInvalid before anything is created.
 package cm
 
 import (

@@ -12,16 +12,7 @@ import (
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
-// Each call takes the options that mean something there, and only those:
-//
-//	Option           the connection (queues, polling, timers, logging, PD): Dial, Listen, Accept
-//	HandshakeOption  one handshake (private data, setup): Dial, Accept
-//	DialOption       Option, HandshakeOption, WithResolveTimeout
-//	ListenOption     Option, WithBacklog, WithSharedReceiveQueue
-//	AcceptOption     Option, HandshakeOption
-//
-// Options given to Listen are the defaults of every connection it
-// accepts; those given to Accept are added to them.
+// The option kinds; the package documentation says which call takes which.
 type (
 	// DialOption configures Dial.
 	DialOption interface{ applyDial(*dialOptions) }

@@ -8,7 +8,9 @@ import (
 )
 
 // Handler serves one call: method and request in, response or error out.
-// ctx ends when the connection does.
+// Handlers run concurrently, each call in a goroutine of its own; req is a
+// copy the handler may keep. ctx ends when the connection does. An error
+// reaches the caller as a *RemoteError carrying its text.
 type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
 
 // RemoteError is a handler's error, as the caller sees it.
