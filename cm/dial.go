@@ -34,32 +34,35 @@ import (
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
 // *RejectError carrying the peer's private data).
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
+	host, port, err := net.SplitHostPort(addr)
+	fail := func(err error) (*endpoint.Endpoint, error) {
+		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, err))
+	}
+	if err != nil {
+		return fail(err)
+	}
 	o, err := newDialOptions(opts)
 	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+		return fail(err)
 	}
 	ai, err := verbs.GetAddrInfo(host, port, false)
 	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+		return fail(err)
 	}
 	defer ai.Free()
 
 	ch, err := newChannel()
 	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+		return fail(err)
 	}
 	id, err := verbs.CreateID(ch.ch)
 	if err != nil {
 		ch.destroy()
-		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
+		return fail(err)
 	}
 	ep, err := dialOn(ctx, id, ch, ai, o)
 	if err != nil {
-		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, err))
+		return fail(err)
 	}
 	return ep, nil
 }

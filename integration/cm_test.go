@@ -58,6 +58,9 @@ func TestUnknownHostAndBadAddress(t *testing.T) {
 	require.Error(t, err)
 	_, err = cm.Listen(ctx, "no-such-host.invalid:7471")
 	require.Error(t, err)
+	_, err = cm.Dial(ctx, "127.0.0.1:7471")
+	require.ErrorContains(t, err, "loopback address has no RDMA device", "the error says what to do")
+	t.Logf("loopback: %v", err)
 }
 
 func TestListenPortInUse(t *testing.T) {

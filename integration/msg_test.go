@@ -121,6 +121,8 @@ func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) 
 		}
 	case "fail":
 		return nil, errors.New("you asked for it")
+	case "panic":
+		panic("you asked for it")
 	}
 	return nil, fmt.Errorf("no method %q", method)
 }
@@ -255,6 +257,32 @@ func TestServerShutdownWithCallsInFlight(t *testing.T) {
 	require.Equal(t, 10, ok, "Shutdown let the calls in flight finish")
 	_, err = cl.Call(ctx, "echo", []byte("after"))
 	require.Error(t, err, "the server is gone")
+}
+
+// TestHandlerPanicFailsOnlyItsCall: a handler that panics fails its own
+// call with a *RemoteError; the server process lives and serves on, on
+// that connection and others.
+func TestHandlerPanicFailsOnlyItsCall(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	defer cl.Close()
+	_, err = cl.Call(ctx, "panic", nil)
+	var re *msg.RemoteError
+	require.ErrorAs(t, err, &re)
+	require.Contains(t, re.Msg, "panicked: you asked for it")
+	resp, err := cl.Call(ctx, "echo", []byte("still here"))
+	require.NoError(t, err, "the same connection serves on")
+	require.Equal(t, "still here", string(resp))
+	other, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err, "the server accepts on")
+	_, err = other.Call(ctx, "echo", []byte("x"))
+	require.NoError(t, err)
+	require.NoError(t, other.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
 
 // TestServerShutdownWhileCallsKeepArriving: Shutdown waits for the calls in

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 )
 
 // Handler serves one call: method and request in, response or error out.
 // Handlers run concurrently, each call in a goroutine of its own; req is a
 // copy the handler may keep. ctx ends when the connection does. An error
-// reaches the caller as a *RemoteError carrying its text.
+// reaches the caller as a *RemoteError carrying its text; so does a panic,
+// which the server recovers and logs.
 type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
 
 // RemoteError is a handler's error, as the caller sees it.
@@ -229,7 +231,7 @@ func (s *Server) serveConn(c *Conn) {
 		s.callStarts()
 		go func() {
 			defer s.callEnds()
-			resp, herr := s.h(ctx, method, req)
+			resp, herr := s.call(ctx, c, method, req)
 			typ := TypeResponse
 			if herr != nil {
 				typ, resp = TypeError, []byte(herr.Error())
@@ -241,6 +243,20 @@ func (s *Server) serveConn(c *Conn) {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.Close()
+}
+
+// call runs the handler. A handler that panics fails its call (the caller
+// gets a *RemoteError) and is logged; the server serves on, as net/http's
+// does.
+func (s *Server) call(ctx context.Context, c *Conn, method string, req []byte) (resp []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.o.logger.Error().Str("method", method).Interface("panic", p).
+				Str("stack", string(debug.Stack())).Msg("msg: handler panicked")
+			resp, err = nil, fmt.Errorf("the handler panicked: %v", p)
+		}
+	}()
+	return s.h(ctx, method, req)
 }
 
 // callStarts and callEnds count running handlers. (Not a WaitGroup:
