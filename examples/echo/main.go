@@ -152,6 +152,10 @@ func echoConn(ctx context.Context, ep *endpoint.Endpoint, size int) error {
 				err = ep.PostRecv(nil, c.Buffer)
 			}
 			if err != nil {
+				pool.Put(c.Buffer) // a refused post leaves the buffer with us
+				if errors.Is(err, endpoint.ErrClosed) {
+					return nil // the client left between the completion and the post
+				}
 				return err
 			}
 		}
