@@ -8,6 +8,11 @@
 // queue depth; ErrQueueFull instead), selective signaling, inline sends,
 // batching of many work requests into one ibv_post_send, the completion
 // goroutine (on Go's netpoller, never a thread parked in C), and teardown.
+//
+// A post that returns an error posted nothing (except as *PostError says
+// for a batch): its buffers are still the caller's, to put back or post
+// again. A post that succeeds hands its buffers to the device until its
+// completion comes back.
 package endpoint
 
 import (
