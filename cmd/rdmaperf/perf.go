@@ -33,7 +33,16 @@ type peer struct {
 // connOptions are the connection's options, on both sides.
 func (c config) connOptions(recvDepth int) []cm.Option {
 	return []cm.Option{cm.WithSendDepth(c.depth + 1), cm.WithRecvDepth(recvDepth),
-		cm.WithPolling(c.poll, c.spin), cm.WithReadDepth(c.reads)}
+		c.polling(), cm.WithReadDepth(c.reads)}
+}
+
+// polling is -poll, with -spin when it is hybrid (a spin is hybrid
+// polling's only).
+func (c config) polling() cm.Option {
+	if c.poll == endpoint.PollHybrid {
+		return cm.WithPolling(c.poll, c.spin)
+	}
+	return cm.WithPolling(c.poll, 0)
 }
 
 // setup posts p's descriptor receive before the connection is made.
@@ -524,7 +533,7 @@ func summarize(times []time.Duration, r *result) {
 
 // serveRPC answers echo calls; rpcClient runs cfg.callers callers.
 func serveRPC(ctx context.Context, cfg config) error {
-	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, cfg.spin)))
+	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cfg.polling()))
 	if err != nil {
 		return err
 	}
@@ -543,7 +552,7 @@ func serveRPC(ctx context.Context, cfg config) error {
 }
 
 func rpcClient(ctx context.Context, cfg config) (result, error) {
-	cl, err := msg.DialClient(ctx, cfg.addr, msg.WithCMOptions(cm.WithPolling(cfg.poll, cfg.spin)))
+	cl, err := msg.DialClient(ctx, cfg.addr, msg.WithCMOptions(cfg.polling()))
 	if err != nil {
 		return result{}, err
 	}
