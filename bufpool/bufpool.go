@@ -34,6 +34,9 @@ var (
 	ErrDoublePut     = errors.New("bufpool: buffer put twice (it is already back in its pool)")
 	ErrForeignBuffer = errors.New("bufpool: buffer does not belong to this pool")
 	ErrRange         = errors.New("bufpool: range outside the buffer")
+	// ErrPosted: Put of a buffer a work request still uses; it is the
+	// device's until that request's completion comes back.
+	ErrPosted = errors.New("bufpool: the buffer is posted: it is the device's until its completion comes back")
 )
 
 // PD is a protection domain: memory and queue pairs meet only within one,
@@ -69,6 +72,7 @@ func init() {
 		}
 		return s.buf.sge(s.off, s.n)
 	}
+	seam.Posted = func(buf any, delta int32) { buf.(*Buffer).posted.Add(delta) }
 	seam.PutBack = func(buf any) {
 		if b := buf.(*Buffer); b.pool != nil && b.out.Load() {
 			b.pool.Put(b)
@@ -108,6 +112,9 @@ type Buffer struct {
 	// out: the buffer is its holder's to post. A pool's buffer is out from
 	// Get to Put; a region's from its making to its Close.
 	out atomic.Bool
+	// posted counts the work requests that name the buffer itself (not
+	// through a Segment) and have not completed.
+	posted atomic.Int32
 }
 
 // Bytes is the buffer's whole memory. Its length is the buffer size.
@@ -255,12 +262,17 @@ func (p *Pool) take(b *Buffer) (*Buffer, error) {
 	return b, nil
 }
 
-// Put returns a buffer to its pool. Putting a buffer twice, or one of
-// another pool, is refused with an error and changes nothing. After Close,
-// Put still takes buffers back; the last one frees the memory.
+// Put returns a buffer to its pool. Putting a buffer twice, one of
+// another pool, or one still posted to the device (named by a work request
+// whose completion has not come back, except through a Segment) is refused
+// with an error and changes nothing. After Close, Put still takes buffers
+// back; the last one frees the memory.
 func (p *Pool) Put(b *Buffer) error {
 	if b == nil || b.pool != p {
 		return ErrForeignBuffer
+	}
+	if b.posted.Load() > 0 {
+		return ErrPosted
 	}
 	if !b.out.CompareAndSwap(true, false) {
 		return ErrDoublePut

@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,10 +31,23 @@ type RejectError struct {
 	PrivateData []byte // what the peer's Reject sent, if anything
 }
 
-// Error says the connection was refused and why.
+// Error says the connection was refused and why: for reason 8, that
+// nobody listens on that port; otherwise the peer's private data, if it
+// sent any.
 func (e *RejectError) Error() string {
-	return fmt.Sprintf("cm: connection refused (reject reason %d, %d bytes of private data)", e.Reason, len(e.PrivateData))
+	if e.Reason == rejectNoListener {
+		return "cm: connection refused: nobody listens on that port (IB CM reject reason 8, invalid service ID)"
+	}
+	data := bytes.TrimRight(e.PrivateData, "\x00") // the CM pads it with zeros
+	if len(data) == 0 {
+		return fmt.Sprintf("cm: connection refused by the peer (IB CM reject reason %d)", e.Reason)
+	}
+	return fmt.Sprintf("cm: connection refused by the peer (IB CM reject reason %d, private data %q)", e.Reason, data)
 }
+
+// rejectNoListener is the IB CM's reject reason when no listener has the
+// service ID, that is the port.
+const rejectNoListener = 8
 
 // Unwrap makes the error match syscall.ECONNREFUSED.
 func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }

@@ -384,6 +384,9 @@ func (t *slotTable) take(r *Request, n int) uint32 {
 	idx := t.free[len(t.free)-1]
 	t.free = t.free[:len(t.free)-1]
 	t.slots[idx] = slot{ctx: r.Context, buf: r.Buffer, op: r.Op, length: n, used: true}
+	if r.Buffer != nil {
+		seam.Posted(r.Buffer, 1)
+	}
 	return idx
 }
 
@@ -391,6 +394,9 @@ func (t *slotTable) release(idx uint32) slot {
 	s := t.slots[idx]
 	t.slots[idx] = slot{}
 	t.free = append(t.free, idx)
+	if s.buf != nil {
+		seam.Posted(s.buf, -1)
+	}
 	return s
 }
 

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
 )
 
 // TestMisusedPostsAreRefused: every request that cannot be what the caller
@@ -163,4 +165,54 @@ func TestCloseWithoutReadingCompletions(t *testing.T) {
 	_, open := <-server.Completions()
 	require.False(t, open, "the channel is closed")
 	require.NoError(t, rpool.Close())
+}
+
+// TestPutOfPostedBufferIsRefused: a buffer a work request still uses is
+// the device's; its pool refuses it back (ErrPosted) and changes nothing
+// until the completion comes back.
+func TestPutOfPostedBufferIsRefused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	pool := newPool(t, p.server, 64, 2)
+	b, _ := pool.TryGet()
+	require.NoError(t, p.server.PostRecv("waiting", b))
+	require.ErrorIs(t, pool.Put(b), bufpool.ErrPosted)
+	require.Equal(t, 1, pool.Stats().Out, "a refused Put changes nothing")
+	cpool := newPool(t, p.client, 64, 1)
+	sb, _ := cpool.TryGet()
+	require.NoError(t, p.client.PostSend("send", sb, 8))
+	require.NoError(t, next(t, p.client).Err)
+	require.NoError(t, cpool.Put(sb))
+	c := next(t, p.server)
+	require.NoError(t, c.Err)
+	require.NoError(t, pool.Put(c.Buffer), "after its completion the buffer goes back")
+}
+
+// TestSendWithoutCreditSaysWhy: a receiver that keeps messages from
+// RecvMessage without releasing them holds the sender's credits; the
+// sender's Send fails when its ctx ends, with an error that says why and
+// still matches the ctx's.
+func TestSendWithoutCreditSaysWhy(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4))
+	var held []*msg.Message
+	defer func() {
+		for _, m := range held {
+			m.Release()
+		}
+	}()
+	for i := range 3 { // one credit of the four stays back for credit messages
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+		m, err := server.RecvMessage(ctx)
+		require.NoError(t, err)
+		held = append(held, m) // and never released
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	err := client.Send(short, []byte("stuck"))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "without Release")
+	t.Logf("%v", err)
 }

@@ -342,7 +342,10 @@ func (c *Conn) grant() {
 }
 
 // Send sends payload as one message, waiting for a credit and a buffer
-// (honouring ctx). Larger than MaxInline, it goes by rendezvous: Send
+// (honouring ctx). A credit comes back when the peer releases a message it
+// received: a peer that stops reading, or keeps messages from RecvMessage
+// without releasing them, makes Send wait, and then fail when ctx ends
+// with an error saying so. Larger than MaxInline, it goes by rendezvous: Send
 // returns once the peer has read it.
 func (c *Conn) Send(ctx context.Context, payload []byte) error {
 	return c.send(ctx, TypeData, 0, payload)
@@ -424,6 +427,9 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	// both wait to send can always tell each other they may.
 	if err := c.waitFor(ctx, func() bool { return c.credits > 1 }); err != nil {
 		c.sendPool.Put(b)
+		if ctx.Err() != nil {
+			return fmt.Errorf("msg: no credit to send: the peer holds every message it was sent (it reads slowly, or took messages with RecvMessage without Release): %w", err)
+		}
 		return err
 	}
 	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}

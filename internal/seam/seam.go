@@ -91,6 +91,9 @@ var (
 	BufferSGE func(buf any, off, n int) (verbs.SGE, *Domain, error)
 	// SegmentSGE is BufferSGE for a *bufpool.Segment.
 	SegmentSGE func(seg any) (verbs.SGE, *Domain, error)
+	// Posted counts a *bufpool.Buffer in (+1) or out of (-1) a posted work
+	// request, so that its pool refuses it back while the device owns it.
+	Posted func(buf any, delta int32)
 	// PutBack returns a *bufpool.Buffer to its pool, if it has one and is
 	// out of it; a buffer already back is left alone.
 	PutBack func(buf any)
