@@ -190,7 +190,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			ep.cfg.Logger.Error().Uint64("wr_id", wc.WRID).Msg("completion for an unknown receive")
 			return
 		}
-		c := Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Len: int(wc.ByteLen)}
+		c := Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Len: int(wc.ByteLen), to: s.notify}
 		if wc.Opcode == verbs.WCRecvRDMAWithImm {
 			c.Op = OpRecvWriteImm
 		}
@@ -212,7 +212,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 	for ep.sendFIFO.count > 0 {
 		head := ep.sendFIFO.pop()
 		s := ep.sends.release(head)
-		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length}
+		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length, to: s.notify}
 		if head == idx && wc.Status != verbs.WCSuccess {
 			c.Err = ep.completionError(s.op, wc)
 		}
@@ -255,12 +255,12 @@ func (ep *Endpoint) teardown() {
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {
 		s := ep.sends.release(ep.sendFIFO.pop())
-		ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed})
+		ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed, to: s.notify})
 	}
 	for i := range ep.recvs.slots {
 		if ep.recvs.slots[i].used {
 			s := ep.recvs.release(uint32(i))
-			ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed})
+			ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed, to: s.notify})
 		}
 	}
 	ep.queue.closed = true
@@ -302,8 +302,22 @@ func (q *completionQueue) init(capacity int) {
 	q.ended = make(chan struct{})
 }
 
-// emit delivers c in order; q.mu is held.
+// emit delivers c in order; q.mu is held. A completion for a request's
+// Notify channel goes there at once when it has room, and otherwise
+// through the delivery goroutine.
 func (q *completionQueue) emit(c Completion) {
+	if c.to != nil {
+		to := c.to
+		c.to = nil
+		select {
+		case to <- c:
+			return
+		default:
+			c.to = to
+			q.items = append(q.items, c)
+			return
+		}
+	}
 	if len(q.items) == 0 && !q.delivering {
 		// The channel's length only shrinks outside q.mu: when it is
 		// empty here, nothing comes before c.
@@ -384,11 +398,16 @@ func (q *completionQueue) reclaimChannel() {
 	}
 }
 
-// deliver sends c to the channel, waiting for a reader; false when the
-// endpoint has been torn down for longer than timeout and nobody read.
+// deliver sends c to Completions (or its request's Notify), waiting for a
+// reader; false when the endpoint has been torn down for longer than
+// timeout and nobody read.
 func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeout time.Duration) bool {
+	var to chan<- Completion = q.out
+	if c.to != nil {
+		to, c.to = c.to, nil
+	}
 	select {
-	case q.out <- c:
+	case to <- c:
 		return true
 	case <-q.ended:
 	}
@@ -396,7 +415,7 @@ func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeou
 		*giveUp = time.After(timeout)
 	}
 	select {
-	case q.out <- c:
+	case to <- c:
 		return true
 	case <-*giveUp:
 		return false

@@ -61,6 +61,8 @@ type Completion struct {
 	Imm     uint32
 	HasImm  bool
 	Buffer  *bufpool.Buffer // the buffer posted, when the post named one
+
+	to chan<- Completion // the request's Notify, where it goes instead of Completions
 }
 
 // Endpoint is a connected queue pair. Post*, Next and Close are safe for
@@ -173,6 +175,7 @@ type slot struct {
 	signaled bool
 	silent   bool // no Completion unless it fails (Silent)
 	used     bool
+	notify   chan<- Completion // Request.Notify
 }
 
 // slotTable maps a work request id to what the caller posted. wr_id is the
@@ -370,7 +373,7 @@ func (ep *Endpoint) RemoteAddr() net.Addr { return ep.cfg.RemoteAddr }
 func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
 
 // Completions delivers one Completion per posted work request (Silent ones
-// only when they fail). After Close, or the end of the connection, it
+// only when they fail; those with a Notify channel go there instead). After Close, or the end of the connection, it
 // delivers the remaining ones, each with an error matching ErrClosed, and
 // is then closed: read it until it is closed, or use CloseAndDrain. If
 // nobody reads it for the close timeout after Close (cm.WithCloseTimeout,

@@ -39,6 +39,12 @@ type Request struct {
 	Add     uint64 // OpFetchAndAdd: the addend
 
 	Flags Flags
+
+	// Notify, if set, receives the request's completion instead of
+	// Completions (and Next): a way to wait for this one request. It must
+	// be buffered; give it room for every request that names it, or a
+	// completion waiting for room holds up later ones.
+	Notify chan<- Completion
 }
 
 // PostSend sends the first n bytes of b. The peer must have a receive
@@ -233,6 +239,9 @@ func (ep *Endpoint) check(r *Request, sges []verbs.SGE) ([]verbs.SGE, error) {
 	if err := ep.checkFields(r); err != nil {
 		return sges, err
 	}
+	if r.Notify != nil && cap(r.Notify) == 0 {
+		return sges, fmt.Errorf("%w: an unbuffered Notify channel (the completion goroutine never waits on it)", ErrInvalid)
+	}
 	return sges, ep.checkFlags(r)
 }
 
@@ -383,7 +392,7 @@ func wrOpcode(r *Request) verbs.WROpcode {
 func (t *slotTable) take(r *Request, n int) uint32 {
 	idx := t.free[len(t.free)-1]
 	t.free = t.free[:len(t.free)-1]
-	t.slots[idx] = slot{ctx: r.Context, buf: r.Buffer, op: r.Op, length: n, used: true}
+	t.slots[idx] = slot{ctx: r.Context, buf: r.Buffer, op: r.Op, length: n, used: true, notify: r.Notify}
 	if r.Buffer != nil {
 		seam.Posted(r.Buffer, 1)
 	}

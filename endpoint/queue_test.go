@@ -100,3 +100,32 @@ func TestKickEndsStandingAside(t *testing.T) {
 	ep.poller.nextCalls.Add(1) // a later Next still counts
 	require.True(t, ep.poller.callersPolling())
 }
+
+// TestNotifyTakesItsCompletion: a completion for a request's Notify goes
+// there, not to the channel; when Notify is full it waits in the queue
+// and the delivery goroutine hands it over once there is room.
+func TestNotifyTakesItsCompletion(t *testing.T) {
+	ep := &Endpoint{}
+	ep.queue.init(4)
+	go ep.deliverLoop()
+	mine := make(chan Completion, 1)
+	q := &ep.queue
+	q.mu.Lock()
+	q.emit(Completion{Context: "a", to: mine})
+	q.emit(Completion{Context: "b", to: mine}) // mine is full: queued
+	q.emit(Completion{Context: "other"}) // in order behind b, as documented
+	q.mu.Unlock()
+	q.notify()
+	got := <-mine
+	require.Equal(t, "a", got.Context)
+	require.Nil(t, got.to, "the reader does not see where it was sent")
+	require.Equal(t, "b", (<-mine).Context)
+	require.Equal(t, "other", (<-q.out).Context)
+	q.mu.Lock()
+	q.closed = true
+	close(q.ended)
+	q.mu.Unlock()
+	q.notify()
+	_, open := <-q.out
+	require.False(t, open)
+}

@@ -30,6 +30,9 @@ type fuzzConn struct {
 	// deliver one only if they fail.
 	pending, silent map[int]bool
 	next            int
+	// notify is the Notify channel of inputs that ask for one; roomy, so
+	// that a flush at close never waits for a reader.
+	notify chan endpoint.Completion
 }
 
 var fuzzed *fuzzConn
@@ -51,7 +54,7 @@ func fuzzConnection(t *testing.T, addr string) *fuzzConn {
 		}
 	}
 	ctx := context.Background()
-	fc := &fuzzConn{pending: map[int]bool{}, silent: map[int]bool{}}
+	fc := &fuzzConn{pending: map[int]bool{}, silent: map[int]bool{}, notify: make(chan endpoint.Completion, 64)}
 	l, client, server, err := dialPair(ctx, addr)
 	require.NoError(t, err)
 	fc.p = &pair{client: client, server: server, listener: l}
@@ -73,14 +76,13 @@ func (fc *fuzzConn) close(t testing.TB) {
 	for _, side := range []*endpoint.Endpoint{fc.p.client, fc.p.server} {
 		require.NoError(t, side.CloseAndDrain(func(c endpoint.Completion) {
 			fc.delivered(t, c)
-			if c.Buffer != nil && c.Buffer != fc.local.Buffer() {
-				for _, p := range []*bufpool.Pool{fc.pool, fc.srvPool} {
-					if p.Put(c.Buffer) == nil {
-						break
-					}
-				}
-			}
+			fc.putHome(c)
 		}))
+	}
+	for len(fc.notify) > 0 {
+		c := <-fc.notify
+		fc.delivered(t, c)
+		fc.putHome(c)
 	}
 	require.Empty(t, fc.pending, "posted contexts that never came back")
 	require.Zero(t, fc.pool.Stats().Out, "client buffers not back")
@@ -90,6 +92,17 @@ func (fc *fuzzConn) close(t testing.TB) {
 	require.NoError(t, fc.local.Close())
 	require.NoError(t, fc.remote.Close())
 	require.NoError(t, fc.p.listener.Close())
+}
+
+// putHome puts a flushed completion's buffer back in its pool.
+func (fc *fuzzConn) putHome(c endpoint.Completion) {
+	if c.Buffer != nil && c.Buffer != fc.local.Buffer() {
+		for _, p := range []*bufpool.Pool{fc.pool, fc.srvPool} {
+			if p.Put(c.Buffer) == nil {
+				return
+			}
+		}
+	}
 }
 
 // serverRecvs is how many receives the server keeps posted for the
@@ -128,7 +141,7 @@ func FuzzPostRequest(f *testing.F) {
 			fuzzed = nil
 		}
 	})
-	// Seeds: op, buffer kind, length, segments, segment offset and length,
+	// Seeds: op, buffer kind (and 4: a Notify channel), length, segments, segment offset and length,
 	// remote kind, imm flag, imm, compare, swap, add, flags.
 	f.Add(uint8(endpoint.OpSend), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
 	f.Add(uint8(endpoint.OpSend), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(0), false, uint32(7), uint64(0), uint64(0), uint64(0), uint8(0))
@@ -140,6 +153,7 @@ func FuzzPostRequest(f *testing.F) {
 	f.Add(uint8(endpoint.OpFetchAndAdd), uint8(1), int64(8), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(1), uint64(0), uint64(3), uint8(0))
 	f.Add(uint8(endpoint.OpSend), uint8(3), int64(16), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(endpoint.Inline|endpoint.NoInline))
 	f.Add(uint8(endpoint.OpWrite), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(3), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
+	f.Add(uint8(endpoint.OpRead), uint8(5), int64(64), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
 	f.Add(uint8(9), uint8(1), int64(-1), uint8(9), int64(-5), int64(1<<40), uint8(0), true, uint32(1), uint64(1), uint64(1), uint64(1), uint8(0xff))
 	f.Fuzz(func(t *testing.T, op, bufKind uint8, length int64, nsegs uint8, segOff, segLen int64,
 		remoteKind uint8, hasImm bool, imm uint32, compare, swap, add uint64, flags uint8) {
@@ -147,6 +161,9 @@ func FuzzPostRequest(f *testing.F) {
 		r := endpoint.Request{Op: endpoint.Op(op % 8), Length: int(length), HasImm: hasImm, Imm: imm,
 			Compare: compare, Swap: swap, Add: add, Flags: endpoint.Flags(flags)}
 		var held *bufpool.Buffer // a pool buffer this input took
+		if bufKind&4 != 0 {
+			r.Notify = fc.notify
+		}
 		switch bufKind % 4 {
 		case 1:
 			held, _ = fc.pool.TryGet()
@@ -255,20 +272,23 @@ func (fc *fuzzConn) post(t *testing.T, r endpoint.Request) {
 	}
 }
 
-// waitFor reads the client's completions until id's, and the server's.
+// waitFor reads the client's completions until id's has come, and the
+// server's.
 func (fc *fuzzConn) waitFor(t *testing.T, id int, what string) {
-	deadline := time.After(20 * time.Second)
-	for {
+	// Completions on Notify and on the channel come in no order between
+	// them: id's may have come while waiting for another.
+	deadline := time.After(8 * time.Second) // within the fuzzing engine's 10 s per input
+	for fc.pending[id] {
 		select {
 		case c, ok := <-fc.p.client.Completions():
 			require.True(t, ok, "completions closed before %s's", what)
-			if fc.delivered(t, c) == id {
-				return
-			}
+			fc.delivered(t, c)
+		case c := <-fc.notify:
+			fc.delivered(t, c)
 		case c := <-fc.p.server.Completions():
 			fc.serverCompleted(c)
 		case <-deadline:
-			t.Fatalf("no completion for %s within 20 s", what)
+			t.Fatalf("no completion for %s within 8 s", what)
 		}
 	}
 }

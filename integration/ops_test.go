@@ -449,3 +449,59 @@ func TestReadDepthOneQueuesTheRest(t *testing.T) {
 		require.NoError(t, pool.Put(bufs[i]))
 	}
 }
+
+// TestNotifyWaitsForOneRequest: a request with a Notify channel delivers
+// its completion there, exactly once, while the others keep arriving on
+// Completions; Close flushes a pending one to its Notify too.
+func TestNotifyWaitsForOneRequest(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	region, remote := exchangeRegion(t, ctx, p, 4096, bufpool.RemoteRead|bufpool.RemoteWrite)
+	copy(region.Bytes(), "read me")
+	pool := newPool(t, p.client, 64, 3)
+	rb, _ := pool.TryGet()
+	wb, _ := pool.TryGet()
+	mine := make(chan endpoint.Completion, 1)
+	elsewhere, err := remote.Slice(100, 8)
+	require.NoError(t, err)
+	require.NoError(t, p.client.PostBatch([]endpoint.Request{
+		{Op: endpoint.OpWrite, Context: "write", Buffer: wb, Length: 8, Remote: elsewhere, Flags: endpoint.NoInline},
+		{Op: endpoint.OpRead, Context: "read", Buffer: rb, Length: 7, Remote: remote, Notify: mine},
+	}))
+	select {
+	case c := <-mine:
+		require.NoError(t, c.Err)
+		require.Equal(t, "read", c.Context)
+		require.Same(t, rb, c.Buffer)
+		require.Equal(t, "read me", string(rb.Bytes()[:7]))
+	case <-time.After(20 * time.Second):
+		t.Fatal("no completion on Notify")
+	}
+	c := next(t, p.client)
+	require.Equal(t, "write", c.Context, "the other request's completion is on Completions")
+	select {
+	case c := <-mine:
+		t.Fatalf("a second completion on Notify: %+v", c)
+	case c := <-p.client.Completions():
+		t.Fatalf("the Notify request also reached Completions: %+v", c)
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, pool.Put(rb))
+	require.NoError(t, pool.Put(wb))
+
+	// A receive nobody sends to: Close flushes it to its Notify.
+	spool := newPool(t, p.server, 64, 1)
+	b, _ := spool.TryGet()
+	flushed := make(chan endpoint.Completion, 1)
+	require.NoError(t, p.server.PostBatch([]endpoint.Request{{Op: endpoint.OpRecv, Context: "waiting", Buffer: b, Notify: flushed}}))
+	require.NoError(t, p.server.Close())
+	select {
+	case c := <-flushed:
+		require.Equal(t, "waiting", c.Context)
+		require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+		require.NoError(t, spool.Put(c.Buffer))
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not flush the receive to its Notify")
+	}
+}
