@@ -44,20 +44,74 @@ var (
 // Every connection gets a PD of its own unless it is asked to share one
 // (cm.WithPD, and a listener's shared receive queue): pools and regions are
 // then per connection, and a peer with a guessed rkey still cannot reach
-// another connection's memory. Get it from an endpoint (Endpoint.PD).
+// another connection's memory. Get one from an endpoint (Endpoint.PD), or
+// open one for a device before any connection (OpenPD) and share it with
+// the connections made later (cm.WithPD).
 //
 // The protection domain lives as long as anything uses it: it is freed
-// when the last endpoint, pool, region and shared receive queue on it are
-// closed, in any order. Making a pool or region on a PD whose users are
-// all closed fails with ErrClosed.
+// when the last endpoint, pool, region and shared receive queue on it, and
+// the PD OpenPD returned, are closed, in any order. Making a pool or region
+// on a PD whose users are all closed fails with ErrClosed.
 type PD struct {
 	d *seam.Domain
+	// opened: OpenPD made it, and Close gives back its reference.
+	opened    bool
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// OpenPD opens a protection domain on the RDMA device that has the local
+// address host (an IP address or a name; not a wildcard or loopback), so
+// that pools and regions can be made before the first connection. Give it
+// to the connections that use them with cm.WithPD, on the same device, and
+// Close it when done: it is freed once its pools, regions and endpoints
+// are closed too. ctx bounds nothing yet but is checked first.
+func OpenPD(ctx context.Context, host string) (*PD, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ai, err := verbs.GetAddrInfo(host, "0", true)
+	if err != nil {
+		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
+	}
+	defer ai.Free()
+	// Binding an id to the address finds its device (rdma_create_ep);
+	// librdmacm keeps the device open after the id is gone.
+	id, err := verbs.CreateEP(ai)
+	if err != nil {
+		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
+	}
+	defer id.DestroyEP()
+	dev := id.Context()
+	if dev == nil {
+		return nil, fmt.Errorf("bufpool: open a PD on %s: the address of one RDMA device is needed, not a wildcard", host)
+	}
+	d, err := seam.NewDomain(dev)
+	if err != nil {
+		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
+	}
+	return &PD{d: d, opened: true}, nil
+}
+
+// Close gives back the reference OpenPD took; the protection domain is
+// freed once its pools, regions and endpoints are closed too. A PD from
+// Endpoint.PD is the endpoint's: closing it is refused. Idempotent.
+func (p *PD) Close() error {
+	if !p.opened {
+		return errors.New("bufpool: this PD is an endpoint's: close the endpoint instead")
+	}
+	p.closeOnce.Do(func() {
+		p.closed.Store(true)
+		p.closeErr = p.d.Release()
+	})
+	return p.closeErr
 }
 
 func init() {
 	seam.WrapPD = func(d *seam.Domain) any { return &PD{d: d} }
 	seam.DomainOf = func(pd any) *seam.Domain {
-		if p, _ := pd.(*PD); p != nil {
+		if p, _ := pd.(*PD); p != nil && !p.closed.Load() {
 			return p.d
 		}
 		return nil
@@ -83,7 +137,10 @@ func init() {
 // acquire takes a reference on p's domain for a new pool or region.
 func (p *PD) acquire() error {
 	if p == nil || p.d == nil {
-		return fmt.Errorf("bufpool: nil protection domain (take one from an endpoint's PD method)")
+		return fmt.Errorf("bufpool: nil protection domain (take one from an endpoint's PD method, or OpenPD)")
+	}
+	if p.closed.Load() {
+		return fmt.Errorf("%w: the protection domain was closed", ErrClosed)
 	}
 	if err := p.d.Acquire(); err != nil {
 		return fmt.Errorf("%w: %v", ErrClosed, err)

@@ -3,39 +3,26 @@ package bufpool_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 
 	"github.com/go-rdma/rdmacm/bufpool"
-	"github.com/go-rdma/rdmacm/cm"
 )
 
-// A pool of registered buffers on a connection's protection domain, and a
-// region the peer may read. Memory is registered in a protection domain,
-// which a connection's endpoint provides; the pool and region serve that
-// connection only.
+// A pool of registered buffers and a region a peer may read, made at
+// start-up on a protection domain of the device with the given address.
+// Connections that use them share the PD: cm.Dial(ctx, addr,
+// cm.WithPD(pd)). (An endpoint's own PD, ep.PD(), serves that connection
+// alone.)
 func Example() {
 	ctx := context.Background()
-	l, err := cm.Listen(ctx, net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "0"))
+	pd, err := bufpool.OpenPD(ctx, os.Getenv("RDMACM_TEST_ADDR"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer l.Close()
-	go func() {
-		if ep, err := l.Accept(ctx); err == nil {
-			<-ep.Done() // until the dialer closes
-			ep.CloseAndDrain(nil)
-		}
-	}()
-	ep, err := cm.Dial(ctx, l.Addr().String())
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer ep.CloseAndDrain(nil)
+	defer pd.Close() // freed once its pools and regions are closed too
 
-	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(16))
+	pool, err := bufpool.New(pd, bufpool.Size(4096), bufpool.Count(16))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -53,7 +40,7 @@ func Example() {
 	}
 	fmt.Println(pool.Put(b)) // a second Put is refused and changes nothing
 
-	region, err := bufpool.NewRegion(ep.PD(), 1<<20, bufpool.RemoteRead)
+	region, err := bufpool.NewRegion(pd, 1<<20, bufpool.RemoteRead)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -306,6 +306,9 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 			}
 		}
 	}()
+	if ep.cfg.PD != nil && seam.DomainOf(ep.cfg.PD) == nil {
+		return fmt.Errorf("%w: the shared protection domain (cm.WithPD) is closed", ErrInvalid)
+	}
 	switch shared := seam.DomainOf(ep.cfg.PD); {
 	case ep.srq != nil:
 		shared = ep.srq.pd

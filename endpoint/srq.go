@@ -37,6 +37,9 @@ func newSRQ(dev *verbs.Context, pd any, depth, maxSGE int) (any, error) {
 		return nil, fmt.Errorf("%w: shared receive queue depth %d, SGEs %d", ErrInvalid, depth, maxSGE)
 	}
 	d := seam.DomainOf(pd)
+	if pd != nil && d == nil {
+		return nil, fmt.Errorf("%w: the shared protection domain (cm.WithPD) is closed", ErrInvalid)
+	}
 	if d == nil {
 		var err error
 		if d, err = seam.NewDomain(dev); err != nil {

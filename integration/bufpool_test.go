@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 )
@@ -127,4 +128,43 @@ func TestPoolOutlivesEndpoints(t *testing.T) {
 	require.Equal(t, mrs, rxetest.CountResources(t)["mr"], "the memory stays registered")
 	require.NoError(t, region.Close())
 	require.NoError(t, pool.Close())
+}
+
+// TestOpenPDBeforeConnecting: a protection domain opened for the device's
+// address before any connection holds pools and regions that connections
+// made later with cm.WithPD use; Close of it and of them, in any order,
+// frees everything. A wildcard has no device; a closed PD is refused.
+func TestOpenPDBeforeConnecting(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	pd, err := bufpool.OpenPD(ctx, rxetest.Addr(t))
+	require.NoError(t, err)
+	pool, err := bufpool.New(pd, bufpool.Size(64), bufpool.Count(4))
+	require.NoError(t, err)
+	region, err := bufpool.NewRegion(pd, 4096, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	copy(region.Bytes(), "before")
+
+	p := connect(t, ctx, cm.WithPD(pd))
+	require.NoError(t, pd.Close(), "the connections keep it alive")
+	require.NoError(t, pd.Close(), "idempotent")
+	b, _ := pool.TryGet()
+	copy(b.Bytes(), "written")
+	// The server's region is in the same PD: the client writes into it.
+	require.NoError(t, p.client.PostWrite("w", b, 7, region.Remote(), endpoint.NoInline))
+	require.NoError(t, next(t, p.client).Err)
+	require.Equal(t, "written", string(region.Bytes()[:7]))
+	require.NoError(t, pool.Put(b))
+
+	_, err = bufpool.New(pd, bufpool.Size(64), bufpool.Count(1))
+	require.ErrorIs(t, err, bufpool.ErrClosed, "a closed PD makes no more pools")
+	_, err = cm.Dial(ctx, p.listener.Addr().String(), cm.WithPD(pd))
+	require.ErrorIs(t, err, endpoint.ErrInvalid, "nor connections")
+	require.Error(t, p.client.PD().Close(), "an endpoint's PD is the endpoint's")
+	require.NoError(t, pool.Close())
+	require.NoError(t, region.Close())
+
+	_, err = bufpool.OpenPD(ctx, "0.0.0.0")
+	require.Error(t, err)
+	t.Logf("wildcard: %v", err)
 }
