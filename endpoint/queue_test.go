@@ -113,7 +113,7 @@ func TestNotifyTakesItsCompletion(t *testing.T) {
 	q.mu.Lock()
 	q.emit(Completion{Context: "a", to: mine})
 	q.emit(Completion{Context: "b", to: mine}) // mine is full: queued
-	q.emit(Completion{Context: "other"}) // in order behind b, as documented
+	q.emit(Completion{Context: "other"})       // in order behind b, as documented
 	q.mu.Unlock()
 	q.notify()
 	got := <-mine
