@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -120,7 +119,9 @@ func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) 
 			return nil, ctx.Err()
 		}
 	case "fail":
-		return nil, errors.New("you asked for it")
+		return nil, fmt.Errorf("you asked for it: %w", msg.CodeNotFound)
+	case "peer":
+		return []byte(msg.PeerAddr(ctx).String()), nil
 	case "panic":
 		panic("you asked for it")
 	}
@@ -198,7 +199,11 @@ func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
 	_, err = cl.Call(ctx, "fail", nil)
 	var re *msg.RemoteError
 	require.ErrorAs(t, err, &re)
-	require.Equal(t, "you asked for it", re.Msg)
+	require.Equal(t, "you asked for it: msg: not found", re.Msg)
+	require.ErrorIs(t, err, msg.CodeNotFound, "the code crosses the wire")
+	resp, err := cl.Call(ctx, "peer", nil)
+	require.NoError(t, err)
+	require.Equal(t, cl.LocalAddr().String(), string(resp), "the handler sees the caller's address")
 
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	_, err = cl.Call(short, "sleep", []byte("1s"))
@@ -206,7 +211,7 @@ func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
 	// The connection still serves after a call gave up.
-	resp, err := cl.Call(ctx, "echo", []byte("still here"))
+	resp, err = cl.Call(ctx, "echo", []byte("still here"))
 	require.NoError(t, err)
 	require.Equal(t, "still here", string(resp))
 
@@ -273,6 +278,7 @@ func TestHandlerPanicFailsOnlyItsCall(t *testing.T) {
 	var re *msg.RemoteError
 	require.ErrorAs(t, err, &re)
 	require.Contains(t, re.Msg, "panicked: you asked for it")
+	require.ErrorIs(t, err, msg.CodeInternal)
 	resp, err := cl.Call(ctx, "echo", []byte("still here"))
 	require.NoError(t, err, "the same connection serves on")
 	require.Equal(t, "still here", string(resp))

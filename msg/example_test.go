@@ -71,8 +71,9 @@ func ExampleConn() {
 	// server: <nil>
 }
 
-// Request and response: a Server answers each call with its Handler,
-// concurrently; a handler's error reaches the caller as a *RemoteError.
+// Request and response: a Server answers each call with the method a Mux
+// routes it to, concurrently; a handler's error reaches the caller as a
+// *RemoteError whose Code errors.Is matches.
 func ExampleServer() {
 	ctx := context.Background()
 	l, err := msg.Listen(ctx, net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "0"))
@@ -80,12 +81,18 @@ func ExampleServer() {
 		fmt.Println(err)
 		return
 	}
-	srv := msg.NewServer(func(ctx context.Context, method string, req []byte) ([]byte, error) {
-		if method == "upper" {
-			return bytes.ToUpper(req), nil // req is the handler's to keep
+	var mux msg.Mux
+	err = mux.Handle("upper", func(ctx context.Context, req []byte) ([]byte, error) {
+		if len(req) == 0 {
+			return nil, fmt.Errorf("nothing to upper-case: %w", msg.CodeInvalidArgument)
 		}
-		return nil, fmt.Errorf("no method %q", method)
+		return bytes.ToUpper(req), nil // req is the handler's to keep
 	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := msg.NewServer(mux.Serve)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, l) }() // Serve owns l
 
@@ -96,9 +103,10 @@ func ExampleServer() {
 	}
 	resp, err := cl.Call(ctx, "upper", []byte("call"))
 	fmt.Println(string(resp), err)
+	_, err = cl.Call(ctx, "upper", nil)
+	fmt.Println(errors.Is(err, msg.CodeInvalidArgument))
 	_, err = cl.Call(ctx, "lower", []byte("call"))
-	var remote *msg.RemoteError
-	fmt.Println(errors.As(err, &remote), remote.Msg)
+	fmt.Println(errors.Is(err, msg.CodeUnimplemented), err)
 
 	if err := cl.Close(); err != nil {
 		fmt.Println(err)
@@ -106,6 +114,7 @@ func ExampleServer() {
 	fmt.Println(srv.Shutdown(ctx), errors.Is(<-served, msg.ErrShutdown))
 	// Output:
 	// CALL <nil>
-	// true no method "lower"
+	// true
+	// true msg: lower: remote error (unimplemented): no method "lower": msg: unimplemented
 	// <nil> true
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // Version is the wire format version every header carries.
-const Version = 1
+const Version = 2
 
 // HeaderSize is the size of the fixed header in front of every message.
 const HeaderSize = 20
@@ -26,7 +26,7 @@ const (
 	TypeCredit                         // credits only, no payload
 	TypeRequest                        // Client call
 	TypeResponse                       // Server reply
-	TypeError                          // Server reply: the handler's error text
+	TypeError                          // Server reply: the handler's error code (u16) and text
 	TypeRendezvous                     // a large payload is waiting in a region: RendezvousInfo
 	TypeRendezvousDone                 // the receiver has read the region; the sender may release it
 	typeLimit

@@ -4,26 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime/debug"
 	"sync"
 )
 
 // Handler serves one call: method and request in, response or error out.
 // Handlers run concurrently, each call in a goroutine of its own; req is a
-// copy the handler may keep. ctx ends when the connection does. An error
-// reaches the caller as a *RemoteError carrying its text; so does a panic,
-// which the server recovers and logs.
+// copy the handler may keep, and the response is the handler's no more once
+// returned. ctx ends when the connection does; PeerAddr(ctx) is the
+// caller's address. An error reaches the caller as a *RemoteError with its
+// text and Code (the one it wraps, or CodeUnknown); a panic is recovered,
+// logged, and reaches the caller with CodeInternal. A Mux dispatches by
+// method.
 type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
-
-// RemoteError is a handler's error, as the caller sees it.
-type RemoteError struct {
-	Method string
-	Msg    string
-}
-
-func (e *RemoteError) Error() string {
-	return fmt.Sprintf("msg: %s: remote error: %s", e.Method, e.Msg)
-}
 
 // ErrShutdown is returned by Serve after Shutdown.
 var ErrShutdown = errors.New("msg: server shut down")
@@ -98,7 +92,8 @@ func (cl *Client) run() {
 }
 
 // Call sends a request and waits for its response, until ctx ends (the
-// late response is then dropped). A handler's error is a *RemoteError.
+// late response is then dropped). A handler's error is a *RemoteError,
+// which errors.Is matches to its Code.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
 	payload, err := encodeRequest(method, req)
 	if err != nil {
@@ -141,10 +136,16 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 func response(method string, m *Message) ([]byte, error) {
 	defer m.Release()
 	if m.Type == TypeError {
-		return nil, &RemoteError{Method: method, Msg: string(m.Payload)}
+		return nil, decodeError(method, m.Payload)
 	}
 	return append([]byte(nil), m.Payload...), nil
 }
+
+// LocalAddr is this side's address of the client's connection.
+func (cl *Client) LocalAddr() net.Addr { return cl.c.LocalAddr() }
+
+// RemoteAddr is the server's address.
+func (cl *Client) RemoteAddr() net.Addr { return cl.c.RemoteAddr() }
 
 // Close closes the connection; calls in flight return errors.
 func (cl *Client) Close() error {
@@ -208,7 +209,7 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 
 func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()
-	ctx := contextUntil(c.Done())
+	ctx := context.WithValue(contextUntil(c.Done()), peerKey{}, c.RemoteAddr())
 	for {
 		m, err := c.RecvMessage(ctx)
 		if err != nil {
@@ -234,7 +235,7 @@ func (s *Server) serveConn(c *Conn) {
 			resp, herr := s.call(ctx, c, method, req)
 			typ := TypeResponse
 			if herr != nil {
-				typ, resp = TypeError, []byte(herr.Error())
+				typ, resp = TypeError, encodeError(herr)
 			}
 			c.send(ctx, typ, id, resp) // fails only when the connection has ended
 		}()
@@ -253,7 +254,7 @@ func (s *Server) call(ctx context.Context, c *Conn, method string, req []byte) (
 		if p := recover(); p != nil {
 			c.o.logger.Error().Str("method", method).Interface("panic", p).
 				Str("stack", string(debug.Stack())).Msg("msg: handler panicked")
-			resp, err = nil, fmt.Errorf("the handler panicked: %v", p)
+			resp, err = nil, fmt.Errorf("the handler panicked: %v: %w", p, CodeInternal)
 		}
 	}()
 	return s.h(ctx, method, req)

@@ -68,41 +68,54 @@ type store struct {
 	m  map[string][]byte
 }
 
-func (s *store) handle(ctx context.Context, method string, req []byte) ([]byte, error) {
-	switch method {
-	case "echo":
-		return req, nil
-	case "sum":
-		if len(req)%8 != 0 {
-			return nil, fmt.Errorf("sum takes little-endian uint64s, got %d bytes", len(req))
+// methods registers the service's methods on a Mux. Errors carry codes
+// the client matches with errors.Is.
+func (s *store) methods() (*msg.Mux, error) {
+	var mux msg.Mux
+	for name, f := range map[string]msg.MethodFunc{
+		"echo":     func(ctx context.Context, req []byte) ([]byte, error) { return req, nil },
+		"sum":      sum,
+		"kv.put":   s.put,
+		"kv.get":   s.get,
+		"blob.put": func(ctx context.Context, req []byte) ([]byte, error) { d := sha256.Sum256(req); return d[:], nil },
+	} {
+		if err := mux.Handle(name, f); err != nil {
+			return nil, err
 		}
-		var total uint64
-		for i := 0; i < len(req); i += 8 {
-			total += binary.LittleEndian.Uint64(req[i:])
-		}
-		return binary.LittleEndian.AppendUint64(nil, total), nil
-	case "kv.put":
-		if len(req) < 1 || len(req) < 1+int(req[0]) {
-			return nil, errors.New("kv.put takes a key length byte, the key, then the value")
-		}
-		key, val := string(req[1:1+req[0]]), req[1+req[0]:]
-		s.mu.Lock()
-		s.m[key] = val
-		s.mu.Unlock()
-		return nil, nil
-	case "kv.get":
-		s.mu.Lock()
-		v, ok := s.m[string(req)]
-		s.mu.Unlock()
-		if !ok {
-			return nil, fmt.Errorf("no key %q", req)
-		}
-		return v, nil
-	case "blob.put":
-		sum := sha256.Sum256(req)
-		return sum[:], nil
 	}
-	return nil, fmt.Errorf("no method %q", method)
+	return &mux, nil
+}
+
+func sum(ctx context.Context, req []byte) ([]byte, error) {
+	if len(req)%8 != 0 {
+		return nil, fmt.Errorf("sum takes little-endian uint64s, got %d bytes: %w", len(req), msg.CodeInvalidArgument)
+	}
+	var total uint64
+	for i := 0; i < len(req); i += 8 {
+		total += binary.LittleEndian.Uint64(req[i:])
+	}
+	return binary.LittleEndian.AppendUint64(nil, total), nil
+}
+
+func (s *store) put(ctx context.Context, req []byte) ([]byte, error) {
+	if len(req) < 1 || len(req) < 1+int(req[0]) {
+		return nil, fmt.Errorf("kv.put takes a key length byte, the key, then the value: %w", msg.CodeInvalidArgument)
+	}
+	key, val := string(req[1:1+req[0]]), req[1+req[0]:] // req is the handler's to keep
+	s.mu.Lock()
+	s.m[key] = val
+	s.mu.Unlock()
+	return nil, nil
+}
+
+func (s *store) get(ctx context.Context, req []byte) ([]byte, error) {
+	s.mu.Lock()
+	v, ok := s.m[string(req)]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no key %q: %w", req, msg.CodeNotFound)
+	}
+	return v, nil
 }
 
 func serve(ctx context.Context, addr string, ready chan<- string) error {
@@ -111,7 +124,12 @@ func serve(ctx context.Context, addr string, ready chan<- string) error {
 		return err
 	}
 	st := &store{m: map[string][]byte{}}
-	srv := msg.NewServer(st.handle)
+	mux, err := st.methods()
+	if err != nil {
+		l.Close()
+		return err
+	}
+	srv := msg.NewServer(mux.Serve)
 	if ready != nil {
 		ready <- l.Addr().String()
 	}
@@ -205,8 +223,8 @@ func load(ctx context.Context, addr string, callers, calls, blob int) error {
 	if err != nil || string(v) != " world" {
 		return fmt.Errorf("kv.get(hello) = %q, %v", v, err)
 	}
-	if _, err := cl.Call(ctx, "kv.get", []byte("absent")); err == nil {
-		return errors.New("kv.get of a missing key succeeded")
+	if _, err := cl.Call(ctx, "kv.get", []byte("absent")); !errors.Is(err, msg.CodeNotFound) {
+		return fmt.Errorf("kv.get of a missing key: %v, want an error with CodeNotFound", err)
 	} else {
 		fmt.Printf("rpc client: kv.put/kv.get round trip ok; a missing key gives: %v\n", err)
 	}
