@@ -5,14 +5,16 @@
 #   build:    libibverbs-dev librdmacm-dev (cgo headers and libraries, rdma-core 44)
 #   run:      ibverbs-providers (the rxe provider, librxe-rdmav34.so)
 #   tools:    ibverbs-utils rdmacm-utils perftest (ibv_devinfo, rping, rdma_server/client, ib_*_bw/lat)
-#   testbed:  qemu-system-x86 busybox-static kmod (the Soft-RoCE guest), iproute2 (the `rdma` tool)
+#   testbed:  qemu-system-x86 busybox-static kmod (the Soft-RoCE guest), iproute2 (the `rdma` tool),
+#             make xz-utils (building siw.ko; bin/rxevm installs the kernel's headers itself,
+#             because their package is named after the guest kernel, resolved at run time)
 #
 # The rdma-core package is deliberately not installed: it pulls udev and upgrades systemd,
 # and nothing here needs it (see ../shared/TESTBED.md).
 set -euo pipefail
 
 pkgs=(gcc libc6-dev libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest
-      qemu-system-x86 busybox-static kmod iproute2)
+      qemu-system-x86 busybox-static kmod iproute2 make xz-utils)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,5 +1,6 @@
-// Command rxevm runs a command on a Soft-RoCE (rdma_rxe) device: inside a
-// fresh qemu guest when this host has no RDMA device, directly otherwise.
+// Command rxevm runs a command on a Soft-RoCE (rdma_rxe) or, with -device
+// siw, a soft-iWARP device: inside a fresh qemu guest when this host has no
+// RDMA device (always for siw), directly otherwise.
 // It exits with the command's exit status, so it works as `go test -exec`:
 //
 //	go test -exec "$(pwd)/bin/rxevm" ./integration/...
@@ -7,8 +8,9 @@
 //	rxevm -guests 2 sh -c 'echo $RDMACM_TEST_ADDR $RDMACM_TEST_PEER_ADDR'
 //
 // The guest sees the host's root read-only, the caller's working directory
-// and environment, and RDMACM_TEST_ADDR (the address rxe0 is bound to),
-// RDMACM_TEST_DEVICE, RXEVM_GUEST and, with two guests, RDMACM_TEST_PEER_ADDR.
+// and environment, and RDMACM_TEST_ADDR (the address the device is bound
+// to), RDMACM_TEST_DEVICE (rxe0 or siw0), RDMACM_TEST_TRANSPORT (roce or
+// iwarp), RXEVM_GUEST and, with two guests, RDMACM_TEST_PEER_ADDR.
 // TMPDIR is /var/tmp, a tmpfs. -w DIR makes one host directory writable,
 // to bring results out.
 package main
@@ -27,7 +29,8 @@ import (
 
 func main() {
 	guestAgent := flag.String("guest-agent", "", "internal: run the job file `path` inside a guest")
-	guests := flag.Int("guests", 1, "number of guests: 1, or 2 joined by a UDP link (each with rxe0 on eth0)")
+	guests := flag.Int("guests", 1, "number of guests: 1, or 2 joined by a UDP link (each with the device on eth0)")
+	device := flag.String("device", envString("RXEVM_DEVICE", testbed.DeviceRXE), "the RDMA device: rxe (Soft-RoCE, rxe0) or siw (soft-iWARP, siw0; its module is built once) (env RXEVM_DEVICE)")
 	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long (env RXEVM_TIMEOUT)")
 	memory := flag.Int("memory", 2048, "guest memory in MiB")
 	writable := flag.String("w", os.Getenv("RXEVM_WRITABLE"), "a host `dir` the guest may write (env RXEVM_WRITABLE); the rest is read-only")
@@ -52,7 +55,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	code, err := testbed.Run(ctx, flag.Args(), testbed.Options{
-		Guests: *guests, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory, WritableDir: *writable,
+		Guests: *guests, Device: *device, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory, WritableDir: *writable,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)
@@ -61,6 +64,13 @@ func main() {
 		}
 	}
 	os.Exit(code)
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 func envDuration(name string, def time.Duration) time.Duration {

@@ -69,6 +69,18 @@ func Peer(t testing.TB) (self, peer string, server bool, netdev string) {
 	return Addr(t), peer, os.Getenv("RXEVM_GUEST") == "0", os.Getenv("RDMACM_TEST_NETDEV")
 }
 
+// IWARP reports whether the device under test is iWARP (siw0 in the
+// testbed): no atomics, no immediate data, no RNR retry. The testbed says so
+// in RDMACM_TEST_TRANSPORT; on a host device, sysfs's node_type does
+// ("4: RNIC").
+func IWARP() bool {
+	if tr := os.Getenv("RDMACM_TEST_TRANSPORT"); tr != "" {
+		return tr == "iwarp"
+	}
+	nodeType, _ := os.ReadFile(filepath.Join("/sys/class/infiniband", Device(), "node_type"))
+	return strings.HasPrefix(string(nodeType), "4:")
+}
+
 // Device is the RDMA device name tests run on, for logs.
 func Device() string {
 	if d := os.Getenv("RDMACM_TEST_DEVICE"); d != "" {

@@ -42,6 +42,13 @@ func GuestAgent(jobFile string) error {
 	if err != nil {
 		return err
 	}
+	// Root in the guest may lock any amount of memory, but siw (unlike rxe
+	// and hardware drivers) checks RLIMIT_MEMLOCK even for root: lift it,
+	// as the README asks of every user.
+	unlimited := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unlimited); err != nil {
+		fmt.Fprintf(stderr, "rxevm: cannot lift the locked-memory limit: %v\n", err)
+	}
 	cmd := exec.Command(j.Argv[0], j.Argv[1:]...)
 	cmd.Env = j.Env
 	cmd.Dir = j.Dir

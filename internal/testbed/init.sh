@@ -1,6 +1,6 @@
 #!/bin/sh
-# PID 1 of the Soft-RoCE guest (busybox). It loads the RDMA and 9p modules,
-# mounts the host's root read-only, creates rxe0 on a netdev, then runs the
+# PID 1 of the testbed guest (busybox). It loads the RDMA and 9p modules,
+# mounts the host's root read-only, creates rxe0 or siw0 on a netdev, then runs the
 # rxevm guest agent chrooted into the host root, and powers off. Its settings
 # come from /rxevm.conf, written per guest by the host (see initramfs.go).
 export PATH=/bin
@@ -43,7 +43,7 @@ mount -t tmpfs tmpfs /host/var/tmp
 stty -F /dev/ttyS1 raw -echo
 stty -F /dev/ttyS2 raw -echo
 
-# rxe needs a non-loopback netdev. MTU 4200 gives an active MTU of 4096.
+# rxe and siw need a non-loopback netdev. MTU 4200 gives rxe an active MTU of 4096.
 ip link set lo up
 ip link set "$NIC" mtu 4200 up || fail "no netdev $NIC"
 ip addr add "$ADDR" dev "$NIC"
@@ -51,11 +51,11 @@ ip addr add "$ADDR" dev "$NIC"
 # at once. The host's iproute2, by absolute path: busybox runs its own applet
 # for a bare "ip" even inside chroot, and busybox ip has no nodad.
 chroot /host /usr/bin/ip -6 addr add "$ADDR6" dev "$NIC" nodad || fail "cannot add $ADDR6"
-chroot /host /usr/bin/rdma link add rxe0 type rxe netdev "$NIC" || fail "rdma link add rxe0 failed"
+chroot /host /usr/bin/rdma link add "${KIND}0" type "$KIND" netdev "$NIC" || fail "rdma link add ${KIND}0 failed"
 i=0
-until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null; do
+until grep -q ACTIVE "/sys/class/infiniband/${KIND}0/ports/1/state" 2>/dev/null; do
 	i=$((i + 1))
-	[ $i -gt 100 ] && fail "rxe0 port 1 never became ACTIVE"
+	[ $i -gt 100 ] && fail "${KIND}0 port 1 never became ACTIVE"
 	sleep 0.1
 done
 

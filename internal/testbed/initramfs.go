@@ -27,7 +27,8 @@ var guestModules = []string{
 
 // guestConfig is what one guest's init needs to know.
 type guestConfig struct {
-	NIC   string // netdev rxe0 is created on: dummy0 (one guest) or eth0 (pair)
+	Kind  string // the RDMA device's type: DeviceRXE or DeviceSIW
+	NIC   string // netdev the device is created on: dummy0 (one guest) or eth0 (pair)
 	Addr  string // CIDR IPv4 address of NIC
 	Addr6 string // CIDR IPv6 address of NIC
 	Agent string // host path of the rxevm binary, run as the guest agent
@@ -36,13 +37,18 @@ type guestConfig struct {
 	Out   string // host directory the guest may write (Options.WritableDir), or ""
 }
 
-// moduleFiles resolves guestModules and their dependencies to .ko paths
-// relative to lib/modules/<version>, in load order, without duplicates.
-func moduleFiles(k Kernel) ([]string, error) {
+// moduleFiles resolves the modules a guest with device loads, and their
+// dependencies, to .ko paths in load order, without duplicates: guestModules,
+// then for siw its dependencies and the siw.ko built for k (siwPath).
+func moduleFiles(k Kernel, device, siwPath string) ([]string, error) {
+	names := guestModules
+	if device == DeviceSIW {
+		names = append(names[:len(names):len(names)], siwModules...)
+	}
 	modRoot := filepath.Join(k.Root, "lib", "modules", k.Version)
 	var files []string
 	seen := map[string]bool{}
-	for _, m := range guestModules {
+	for _, m := range names {
 		out, err := exec.Command("modprobe", "-d", k.Root, "-S", k.Version, "--show-depends", m).CombinedOutput()
 		if err != nil {
 			return nil, fmt.Errorf("modprobe --show-depends %s: %v: %s", m, err, bytes.TrimSpace(out))
@@ -53,15 +59,17 @@ func moduleFiles(k Kernel) ([]string, error) {
 			if len(f) < 2 || f[0] != "insmod" { // "builtin x" needs nothing
 				continue
 			}
-			rel, err := filepath.Rel(modRoot, f[1])
-			if err != nil || strings.HasPrefix(rel, "..") {
+			if rel, err := filepath.Rel(modRoot, f[1]); err != nil || strings.HasPrefix(rel, "..") {
 				return nil, fmt.Errorf("module %s outside %s", f[1], modRoot)
 			}
-			if !seen[rel] {
-				seen[rel] = true
-				files = append(files, rel)
+			if !seen[f[1]] {
+				seen[f[1]] = true
+				files = append(files, f[1])
 			}
 		}
+	}
+	if device == DeviceSIW {
+		files = append(files, siwPath)
 	}
 	return files, nil
 }
@@ -90,18 +98,17 @@ func writeInitramfs(path string, k Kernel, mods []string, cfg guestConfig) error
 		c.Symlink("bin/"+applet, "busybox")
 	}
 	c.File("init", 0o755, initScript)
-	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("NIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\nOUT=%s\n",
-		shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job),
+	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("KIND=%s\nNIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\nOUT=%s\n",
+		shQuote(cfg.Kind), shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job),
 		shQuote(cfg.Share), shQuote(cfg.Out))))
-	modRoot := filepath.Join(k.Root, "lib", "modules", k.Version)
 	var list bytes.Buffer
-	for _, rel := range mods {
-		data, err := os.ReadFile(filepath.Join(modRoot, rel))
+	for _, path := range mods {
+		data, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
 		// Flatten: modules are stored by base name, which is unique.
-		name := filepath.Base(rel)
+		name := filepath.Base(path)
 		c.File("lib/modules/"+name, 0o644, data)
 		list.WriteString(name + "\n")
 	}

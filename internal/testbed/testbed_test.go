@@ -74,3 +74,20 @@ func TestTailBuffer(t *testing.T) {
 	require.Equal(t, "6789ab\n", tb.String())
 	require.True(t, strings.HasSuffix(tb.String(), "\n"))
 }
+
+func TestKernelSeries(t *testing.T) {
+	got, err := kernelSeries("6.1.0-56-amd64")
+	require.NoError(t, err)
+	require.Equal(t, "6.1", got, "names Debian's linux-source-6.1")
+	for _, bad := range []string{"", "6", "6.1", ".1.0"} {
+		_, err := kernelSeries(bad)
+		require.Error(t, err, "%q", bad)
+	}
+}
+
+// TestRunRefusesUnknownDevice: a device other than rxe or siw is refused
+// before anything starts.
+func TestRunRefusesUnknownDevice(t *testing.T) {
+	_, err := Run(t.Context(), []string{"true"}, Options{Device: "mlx5"})
+	require.ErrorContains(t, err, `device "mlx5"`)
+}

@@ -26,9 +26,13 @@ import (
 
 // Options tune a run.
 type Options struct {
-	// Guests is 1 (rxe0 on dummy0, loopback inside the guest) or 2 (two
-	// guests joined by qemu's UDP socket netdev, rxe0 on each one's eth0).
+	// Guests is 1 (the device on dummy0, loopback inside the guest) or 2
+	// (two guests joined by qemu's UDP socket netdev, the device on each
+	// one's eth0).
 	Guests int
+	// Device is the RDMA device each guest creates: DeviceRXE (rxe0, the
+	// default) or DeviceSIW (siw0; its module is built on first use).
+	Device string
 	// Timeout bounds the whole run; the guests are killed when it expires.
 	Timeout time.Duration
 	// Verbose streams the guests' consoles (kernel and init) to Stderr.
@@ -44,12 +48,13 @@ type Options struct {
 
 // Environment variables a command finds in the guest.
 const (
-	EnvAddr     = "RDMACM_TEST_ADDR"      // this guest's IPv4 address on the rxe netdev
-	EnvAddr6    = "RDMACM_TEST_ADDR6"     // and its IPv6 address
-	EnvPeerAddr = "RDMACM_TEST_PEER_ADDR" // the other guest's address (pair mode)
-	EnvDevice   = "RDMACM_TEST_DEVICE"    // the RDMA device name, rxe0
-	EnvNetdev   = "RDMACM_TEST_NETDEV"    // the netdev under it: dummy0, or eth0 with two guests
-	EnvGuest    = "RXEVM_GUEST"           // this guest's index, 0 or 1
+	EnvAddr      = "RDMACM_TEST_ADDR"      // this guest's IPv4 address on the rxe netdev
+	EnvAddr6     = "RDMACM_TEST_ADDR6"     // and its IPv6 address
+	EnvPeerAddr  = "RDMACM_TEST_PEER_ADDR" // the other guest's address (pair mode)
+	EnvDevice    = "RDMACM_TEST_DEVICE"    // the RDMA device name: rxe0 or siw0
+	EnvTransport = "RDMACM_TEST_TRANSPORT" // its transport: roce or iwarp
+	EnvNetdev    = "RDMACM_TEST_NETDEV"    // the netdev under it: dummy0, or eth0 with two guests
+	EnvGuest     = "RXEVM_GUEST"           // this guest's index, 0 or 1
 )
 
 // ErrTimeout is returned when the guests outlive Options.Timeout.
@@ -79,6 +84,12 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 	if opts.MemoryMB == 0 {
 		opts.MemoryMB = 2048
 	}
+	if opts.Device == "" {
+		opts.Device = DeviceRXE
+	}
+	if _, ok := deviceTransport[opts.Device]; !ok {
+		return 0, fmt.Errorf("testbed: device %q: want %s or %s", opts.Device, DeviceRXE, DeviceSIW)
+	}
 	if opts.WritableDir != "" {
 		abs, err := filepath.Abs(opts.WritableDir)
 		if err != nil {
@@ -100,7 +111,7 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 		ctx, cancel = context.WithTimeoutCause(ctx, opts.Timeout, fmt.Errorf("%w after %v", ErrTimeout, opts.Timeout))
 		defer cancel()
 	}
-	if HostHasRDMA() && opts.Guests == 1 {
+	if HostHasRDMA() && opts.Guests == 1 && opts.Device == DeviceRXE {
 		return runOnHost(ctx, argv, opts)
 	}
 	return runInGuests(ctx, argv, opts)
@@ -145,7 +156,13 @@ func runInGuests(ctx context.Context, argv []string, opts Options) (int, error) 
 	if err != nil {
 		return 0, err
 	}
-	mods, err := moduleFiles(k)
+	var siwPath string
+	if opts.Device == DeviceSIW {
+		if siwPath, err = EnsureSiw(k, func(f string, a ...any) { fmt.Fprintf(opts.Stderr, f+"\n", a...) }); err != nil {
+			return 0, err
+		}
+	}
+	mods, err := moduleFiles(k, opts.Device, siwPath)
 	if err != nil {
 		return 0, err
 	}
@@ -211,9 +228,9 @@ func (g *guest) exitStatus(ctx context.Context) (int, error) {
 func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods []string,
 	runDir, share, wd string, argv []string, ports []int, opts Options) (*guest, error) {
 	g := &guest{index: i, console: &tailBuffer{max: 16 << 10}, status: filepath.Join(share, fmt.Sprintf("status-%d", i))}
-	cfg := guestConfig{NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share, Out: opts.WritableDir,
+	cfg := guestConfig{Kind: opts.Device, NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share, Out: opts.WritableDir,
 		Job: filepath.Join(share, fmt.Sprintf("job-%d.json", i))}
-	env := append(os.Environ(), EnvDevice+"=rxe0", EnvGuest+"="+strconv.Itoa(i),
+	env := append(os.Environ(), EnvDevice+"="+opts.Device+"0", EnvTransport+"="+deviceTransport[opts.Device], EnvGuest+"="+strconv.Itoa(i),
 		"TMPDIR=/var/tmp") // the host's /tmp is read-only in the guest; /var/tmp is a tmpfs
 	if opts.Guests == 2 {
 		cfg.NIC = "eth0"
