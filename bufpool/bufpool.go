@@ -255,7 +255,7 @@ func New(pd *PD, opts ...Option) (*Pool, error) {
 	if err != nil {
 		unix.Munmap(mem)
 		pd.d.Release()
-		return nil, fmt.Errorf("bufpool: registering %d bytes: %w (a non-root user needs `ulimit -l unlimited`)", len(mem), err)
+		return nil, registrationError(fmt.Sprintf("%d bytes", len(mem)), err)
 	}
 	p := &Pool{pd: pd.d, mem: mem, mr: mr, size: o.size, bufs: make([]Buffer, o.count),
 		free: make(chan *Buffer, o.count), closing: make(chan struct{})}
@@ -379,4 +379,14 @@ func (p *Pool) release() error {
 	p.released = true
 	err := p.mr.Dereg()
 	return errors.Join(err, unix.Munmap(p.mem), p.pd.Release())
+}
+
+// registrationError says which registration failed and, when the device
+// refused for lack of lockable memory, how to raise the limit.
+func registrationError(what string, err error) error {
+	if errors.Is(err, unix.ENOMEM) {
+		return fmt.Errorf("bufpool: registering %s: %w (raise the locked-memory limit: `ulimit -l unlimited`, "+
+			"LimitMEMLOCK=infinity in a systemd unit, or CAP_IPC_LOCK; soft-iWARP (siw) applies the limit to root too)", what, err)
+	}
+	return fmt.Errorf("bufpool: registering %s: %w", what, err)
 }

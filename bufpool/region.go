@@ -104,7 +104,7 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 	if err != nil {
 		unix.Munmap(mem)
 		pd.d.Release()
-		return nil, fmt.Errorf("bufpool: registering a %d-byte region: %w", size, err)
+		return nil, registrationError(fmt.Sprintf("a %d-byte region", size), err)
 	}
 	r := &Region{pd: pd.d, mem: mem, mr: mr}
 	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey(), pd: pd.d}

@@ -69,7 +69,7 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 
 // hint says what to do about a dial error a newcomer would not understand.
 func hint(host string, err error) string {
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() && errors.Is(err, syscall.ENODEV) {
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() && (errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EINVAL)) {
 		return " (a loopback address has no RDMA device: dial the address of an RDMA-capable interface)"
 	}
 	return ""
@@ -114,9 +114,14 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	}
 	if err == nil {
 		resp, init := o.conn.readDepths(dev)
-		err = id.Connect(verbs.ConnParam{PrivateData: o.hs.privateData,
+		param := verbs.ConnParam{PrivateData: o.hs.privateData,
 			ResponderResources: resp, InitiatorDepth: init,
-			RetryCount: o.conn.retryCount, RNRRetryCount: o.conn.rnrRetryCount})
+			RetryCount: o.conn.retryCount, RNRRetryCount: o.conn.rnrRetryCount}
+		if !dev.IWARP {
+			err = id.Connect(param)
+		} else if err = connectBlocking(ctx, id, param, func() { ep.CloseAndDrain(nil) }); ctx.Err() != nil && err == ctx.Err() {
+			return nil, err // the connection is freed when the kernel gives up
+		}
 	}
 	var reply []byte
 	if err == nil {
@@ -129,6 +134,27 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	c.ctl.Established(reply)
 	setRNRTimer(id, o.conn.rnrTimer, o.conn.logger)
 	return ep, nil
+}
+
+// connectBlocking calls rdma_connect where it blocks: on iWARP the kernel
+// makes the TCP connection inside that call, for as long as TCP tries
+// (about two minutes for a host that never answers). It runs in a goroutine
+// of its own so that Dial returns when ctx ends; if ctx ends first, that
+// goroutine calls abandon, which frees the connection, once the kernel
+// returns. (On InfiniBand and RoCE, rdma_connect only sends the request.)
+func connectBlocking(ctx context.Context, id *verbs.CMID, param verbs.ConnParam, abandon func()) error {
+	done := make(chan error, 1)
+	go func() { done <- id.Connect(param) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		go func() {
+			<-done
+			abandon()
+		}()
+		return ctx.Err()
+	}
 }
 
 // resolveTimeout is the resolution timeout in ms: the option, or what is

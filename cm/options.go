@@ -99,12 +99,19 @@ func init() {
 
 func defaultConn() connOptions {
 	return connOptions{retryCount: 7, rnrRetryCount: defaultRNRRetry,
-		rnrTimer: 640 * time.Microsecond, readDepth: defaultReadDepth, logger: zerolog.Nop()}
+		rnrTimer: defaultRNRTimer, readDepth: defaultReadDepth, logger: zerolog.Nop()}
 }
 
-// defaultRNRRetry: 7 resends a message that found no receive posted for
-// as long as the peer takes, as rping does.
-const defaultRNRRetry = 7
+// The defaults bound a send the peer has no receive for: resent 6 times,
+// at least 20.48 ms apart, it fails after about 120 ms (with
+// endpoint.StatusRNRRetryExc, ending the connection) instead of stalling
+// the queue for ever, as retry count 7 would. The bound is far above a
+// receiver's scheduling hiccups, so a peer that reposts its receives as
+// it goes never meets it.
+const (
+	defaultRNRRetry = 6
+	defaultRNRTimer = 20480 * time.Microsecond
+)
 
 func newDialOptions(opts []DialOption) (dialOptions, error) {
 	o := dialOptions{conn: defaultConn(), resolveTimeout: 2 * time.Second}
@@ -242,11 +249,11 @@ func WithCloseTimeout(d time.Duration) Option {
 }
 
 // WithRNRRetry sets how often the QP resends a message the peer had no
-// receive posted for (0-7; after the last the send fails with
-// endpoint.StatusRNRRetryExc). 7, the default, retries forever: a peer
-// that never posts a receive stalls the sender's queue. 0 makes any RNR an
-// error at once: a protocol that counts credits uses it to prove it never
-// overruns the peer.
+// receive posted for (0-7, default 6; after the last the send fails with
+// endpoint.StatusRNRRetryExc and the connection ends). 7 retries for ever,
+// as perftest and rping do: a peer that never posts a receive then stalls
+// the sender's queue. 0 makes any RNR an error at once: a protocol that
+// counts credits uses it to prove it never overruns the peer.
 func WithRNRRetry(n int) Option {
 	return func(o *connOptions) {
 		if n < 0 || n > 7 {
@@ -258,9 +265,11 @@ func WithRNRRetry(n int) Option {
 
 // WithRNRTimer sets how long a peer whose message found no receive posted
 // here waits before sending it again (the QP's minimum RNR NAK timer,
-// rounded up to the next InfiniBand step; at most 655 ms; default 0.64 ms,
-// as rdma-core's rc_pingpong and perftest use). See docs/DESIGN.md for
-// why the kernel CM's 655 ms default is not kept.
+// rounded up to the next InfiniBand step; at most 655 ms; default
+// 20.48 ms, which with the default retry count bounds a send the peer
+// never posts a receive for at about 120 ms). perftest and rc_pingpong use
+// 0.64 ms, for the quickest recovery. See docs/DESIGN.md for why the
+// kernel CM's 655 ms default is not kept.
 func WithRNRTimer(d time.Duration) Option {
 	return func(o *connOptions) {
 		if d < 0 || d > maxRNRTimer {

@@ -21,8 +21,14 @@ var (
 	// does not fit the operation, too many segments, inline too large, a
 	// misaligned atomic).
 	ErrInvalid = errors.New("endpoint: invalid work request")
-	// ErrNoAtomics: the device does not support atomic operations.
-	ErrNoAtomics = errors.New("endpoint: the device has no atomic operations (atomic_cap is IBV_ATOMIC_NONE)")
+	// ErrNotSupported: the device cannot do what the work request asks
+	// (iWARP has no atomics and no immediate data, and some devices take
+	// one segment for an RDMA READ's sink). It was refused before anything
+	// was posted.
+	ErrNotSupported = errors.New("endpoint: not supported by the device")
+	// ErrNoAtomics: the device does not support atomic operations. It
+	// matches ErrNotSupported.
+	ErrNoAtomics = fmt.Errorf("%w: no atomic operations (atomic_cap is IBV_ATOMIC_NONE)", ErrNotSupported)
 )
 
 // Status is the device's status of a work request that failed: the value

@@ -48,8 +48,11 @@ type Request struct {
 }
 
 // PostSend sends the first n bytes of b. The peer must have a receive
-// posted: with none, the device retries as cm.WithRNRRetry says, and
-// after the last retry the send fails with StatusRNRRetryExc.
+// posted: with none, the device resends it as cm.WithRNRRetry and the
+// peer's cm.WithRNRTimer say (by default 6 times over about 120 ms), then
+// the send fails with StatusRNRRetryExc and the connection ends. Post
+// receives before the peer may send, or use package msg, whose credits
+// never let a message find no receive.
 func (ep *Endpoint) PostSend(wrContext any, b *bufpool.Buffer, n int, flags ...Flags) error {
 	return ep.postOne(Request{Op: OpSend, Context: wrContext, Buffer: b, Length: n}, flags)
 }
@@ -90,7 +93,10 @@ func (ep *Endpoint) PostWritev(wrContext any, segs []bufpool.Segment, remote buf
 	return ep.postOne(Request{Op: OpWrite, Context: wrContext, Segments: segs, Remote: remote}, flags)
 }
 
-// PostRead reads n bytes from the start of remote into b.
+// PostRead reads n bytes from the start of remote into b. On iWARP the
+// read's sink must be registered for remote write, as a Region with
+// bufpool.RemoteWrite is (its key need never leave this side): a pool's
+// buffers are local-only, which soft-iWARP accepts and iWARP NICs may not.
 func (ep *Endpoint) PostRead(wrContext any, b *bufpool.Buffer, n int, remote bufpool.Remote, flags ...Flags) error {
 	return ep.postOne(Request{Op: OpRead, Context: wrContext, Buffer: b, Length: n, Remote: remote}, flags)
 }
@@ -308,10 +314,10 @@ func (ep *Endpoint) checkFields(r *Request) error {
 		if uint64(n) > r.Remote.Len {
 			return fmt.Errorf("%w: %v of %d bytes into a %d-byte remote region", ErrInvalid, r.Op, n, r.Remote.Len)
 		}
-	case OpCompareAndSwap, OpFetchAndAdd:
-		if !ep.dev.Atomics {
-			return ErrNoAtomics
+		if r.Op == OpRead && len(r.Segments) > max(ep.dev.MaxSGERd, 1) {
+			return fmt.Errorf("%w: an RDMA READ into %d segments; the device's READ sink takes %d (max_sge_rd)", ErrNotSupported, len(r.Segments), ep.dev.MaxSGERd)
 		}
+	case OpCompareAndSwap, OpFetchAndAdd:
 		if n != 8 || r.Remote.Addr%8 != 0 || r.Remote.Len < 8 {
 			return fmt.Errorf("%w: atomics need an 8-byte local buffer and an 8-byte aligned remote word (addr %#x, len %d)", ErrInvalid, r.Remote.Addr, r.Remote.Len)
 		}
@@ -327,6 +333,14 @@ func (ep *Endpoint) checkFields(r *Request) error {
 	}
 	if r.Op != OpFetchAndAdd && r.Add != 0 {
 		return fmt.Errorf("%w: Add is fetch-and-add's, not a %v's", ErrInvalid, r.Op)
+	}
+	// What the device lacks is checked last: a malformed request is
+	// invalid on every device.
+	if (r.Op == OpCompareAndSwap || r.Op == OpFetchAndAdd) && !ep.dev.Atomics {
+		return ErrNoAtomics
+	}
+	if r.HasImm && ep.dev.IWARP {
+		return fmt.Errorf("%w: immediate data (iWARP has none)", ErrNotSupported)
 	}
 	return nil
 }

@@ -130,14 +130,7 @@ func TestPollModes(t *testing.T) {
 			require.NoError(t, err)
 			defer l.Close()
 			done := make(chan error, 1)
-			go func() {
-				ep, err := l.Accept(ctx)
-				if err != nil {
-					done <- err
-					return
-				}
-				done <- echoUntilClosed(ctx, ep, 64, 4)
-			}()
+			go func() { done <- acceptEcho(ctx, l, 64, 4) }()
 			require.NoError(t, echoClient(ctx, l.Addr().String(), 1, 200, mode.opt))
 			require.NoError(t, <-done)
 		})

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -63,16 +64,20 @@ func helperClient(ctx context.Context, rpcAddr, dataAddr, writeAddr string) erro
 	if err != nil {
 		return err
 	}
-	ep, err := cm.Dial(ctx, writeAddr)
+	// The descriptor's receive is posted before connecting: the server
+	// sends it at once (on iWARP a message that finds no receive ends the
+	// connection).
+	var pool *bufpool.Pool
+	var desc *bufpool.Buffer
+	ep, err := cm.Dial(ctx, writeAddr, cm.WithSetup(func(ep *endpoint.Endpoint) error {
+		var err error
+		if pool, err = bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(2)); err != nil {
+			return err
+		}
+		desc, _ = pool.TryGet()
+		return ep.PostRecv(nil, desc)
+	}))
 	if err != nil {
-		return err
-	}
-	pool, err := bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(2))
-	if err != nil {
-		return err
-	}
-	desc, _ := pool.TryGet()
-	if err := ep.PostRecv(nil, desc); err != nil {
 		return err
 	}
 	c := <-ep.Completions()
@@ -177,6 +182,7 @@ func TestClientKilledMidStream(t *testing.T) {
 
 	var wg sync.WaitGroup
 	var dataMsgs atomic.Int64
+	var dataErr error // the data reader's last Recv: read after wg.Wait
 	dataReady := make(chan *msg.Conn, 1)
 	type writeSide struct {
 		ep     *endpoint.Endpoint
@@ -194,6 +200,7 @@ func TestClientKilledMidStream(t *testing.T) {
 		dataReady <- c
 		for {
 			if _, err := c.Recv(ctx); err != nil {
+				dataErr = err
 				return
 			}
 			dataMsgs.Add(1)
@@ -239,6 +246,8 @@ func TestClientKilledMidStream(t *testing.T) {
 		}
 	}
 	wg.Wait() // the data reader saw the end
+	require.Error(t, dataErr)
+	require.NotErrorIs(t, dataErr, io.EOF, "a killed peer said no goodbye: its end is an error, not EOF")
 	require.True(t, errors.Is(dataConn.Err(), endpoint.ErrClosed), "data conn: %v", dataConn.Err())
 	dataConn.Close()
 	closeAndDrain(t, writeEP)

@@ -11,25 +11,38 @@ import (
 	"github.com/go-rdma/rdmacm/endpoint"
 )
 
-// echoUntilClosed echoes every message back on ep until the peer leaves,
-// then closes ep, puts back the buffers its completions return, and closes
-// the pool: the order a user follows.
-func echoUntilClosed(ctx context.Context, ep *endpoint.Endpoint, size, depth int) error {
-	pool, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth))
+// acceptEcho accepts one connection on l and echoes every message back
+// until the peer leaves; then it closes the endpoint, puts back the buffers
+// its completions return, and closes the pool: the order a user follows.
+// Its receives are posted before the connection is accepted (cm.WithSetup),
+// as a peer that sends at once needs: on iWARP a message that finds no
+// receive ends the connection.
+func acceptEcho(ctx context.Context, l *cm.Listener, size, depth int) error {
+	var pool *bufpool.Pool
+	ep, err := l.Accept(ctx, cm.WithSetup(func(ep *endpoint.Endpoint) error {
+		var err error
+		if pool, err = bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth)); err != nil {
+			return err
+		}
+		for range depth {
+			b, _ := pool.TryGet()
+			if err := ep.PostRecv(nil, b); err != nil {
+				pool.Put(b)
+				return err
+			}
+		}
+		return nil
+	}))
 	if err != nil {
-		ep.CloseAndDrain(nil)
+		if pool != nil {
+			pool.Close()
+		}
 		return err
 	}
 	defer func() {
 		ep.CloseAndDrain(func(c endpoint.Completion) { pool.Put(c.Buffer) })
 		pool.Close()
 	}()
-	for range depth {
-		b, _ := pool.TryGet()
-		if err := ep.PostRecv(nil, b); err != nil {
-			return err
-		}
-	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -236,7 +236,7 @@ func (fc *fuzzConn) post(t *testing.T, r endpoint.Request) {
 	if err != nil {
 		var ce *endpoint.CompletionError
 		switch {
-		case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, endpoint.ErrNoAtomics):
+		case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, endpoint.ErrNotSupported):
 		case errors.As(err, &ce), errors.Is(err, endpoint.ErrClosed):
 			// An earlier input's failure ended the connection; posts are refused.
 		default:

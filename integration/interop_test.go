@@ -29,14 +29,7 @@ func TestInteropLibrdmacmClient(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	served := make(chan error, 1)
-	go func() {
-		ep, err := l.Accept(ctx)
-		if err != nil {
-			served <- err
-			return
-		}
-		served <- echoUntilClosed(ctx, ep, 64, 4)
-	}()
+	go func() { served <- acceptEcho(ctx, l, 64, 4) }()
 	_, port, _ := net.SplitHostPort(l.Addr().String())
 	out, err := exec.CommandContext(ctx, "rdma_client", "-s", addr, "-p", port).CombinedOutput()
 	t.Logf("rdma_client: %s", strings.TrimSpace(string(out)))

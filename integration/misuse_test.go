@@ -102,6 +102,14 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	b, _ := pool.TryGet()
 	require.NoError(t, p.client.PostWrite("forbidden", b, 8, remote, endpoint.NoInline))
 	c := next(t, p.client)
+	if rxetest.IWARP() { // the write completes; the peer's refusal ends the connection
+		requireRefused(t, p.client, c)
+		err := p.client.PostWrite("after", b, 8, remote)
+		require.ErrorIs(t, err, endpoint.ErrClosed, "posts after the end are refused with it")
+		require.ErrorIs(t, err, p.client.Err())
+		require.NoError(t, pool.Put(b))
+		return
+	}
 	var ce *endpoint.CompletionError
 	require.ErrorAs(t, c.Err, &ce)
 	select {
@@ -114,6 +122,61 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	err := p.client.PostWrite("after", b, 8, remote)
 	require.ErrorAs(t, err, &ce, "posts after the failure are refused with it")
 	require.NoError(t, pool.Put(b))
+}
+
+// TestSendWithoutReceiveFailsInBoundedTime: with cm's defaults, a send the
+// peer never posts a receive for fails with StatusRNRRetryExc once the
+// retries are spent (about 120 ms), and the endpoint ends with that error,
+// instead of the send waiting for ever (retry count 7).
+func TestSendWithoutReceiveFailsInBoundedTime(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	if rxetest.IWARP() {
+		requireUnreceivedSendEndsConnection(t, p)
+		return
+	}
+	pool := newPool(t, p.client, 64, 1)
+	b, _ := pool.TryGet()
+	start := time.Now()
+	require.NoError(t, p.client.PostSend("unreceived", b, 8))
+	c := next(t, p.client)
+	took := time.Since(start)
+	var ce *endpoint.CompletionError
+	require.ErrorAs(t, c.Err, &ce, "the send completed without a receive")
+	require.Equal(t, endpoint.StatusRNRRetryExc, ce.Status)
+	require.Equal(t, "unreceived", c.Context)
+	select {
+	case <-p.client.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done still open after the RNR retries ran out")
+	}
+	require.ErrorAs(t, p.client.Err(), &ce)
+	require.NoError(t, pool.Put(c.Buffer))
+	t.Logf("the send failed %v after it was posted", took)
+}
+
+// requireUnreceivedSendEndsConnection: iWARP has no RNR retry. A send that
+// finds no receive posted makes the receiver terminate the connection
+// (siw logs "got TERMINATE"), while the sender's completion may still say
+// success (a send completes once TCP has it): both endpoints end, in
+// bounded time. This is why msg's credits are a requirement on iWARP.
+func requireUnreceivedSendEndsConnection(t *testing.T, p *pair) {
+	t.Helper()
+	pool := newPool(t, p.client, 64, 1)
+	b, _ := pool.TryGet()
+	require.NoError(t, p.client.PostSend("unreceived", b, 8))
+	c := next(t, p.client)
+	require.Equal(t, "unreceived", c.Context)
+	require.NoError(t, pool.Put(c.Buffer))
+	for name, ep := range map[string]*endpoint.Endpoint{"sender": p.client, "receiver": p.server} {
+		select {
+		case <-ep.Done():
+			t.Logf("%s: %v (the send's own completion: %v)", name, ep.Err(), c.Err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s outlived a send that found no receive", name)
+		}
+	}
 }
 
 // TestCloseWithoutReadingCompletions: an endpoint whose Completions nobody

@@ -38,6 +38,10 @@ func TestSendRecvSizes(t *testing.T) {
 	for i, n := range sizes {
 		for _, withImm := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%dB/imm=%v", n, withImm), func(t *testing.T) {
+				if withImm && rxetest.IWARP() {
+					requireNoImmediateData(t, p.client, cpool, n)
+					return
+				}
 				rb, _ := spool.TryGet()
 				defer spool.Put(rb)
 				require.NoError(t, p.server.PostRecv(i, rb))
@@ -125,10 +129,29 @@ func TestWriteReadSizes(t *testing.T) {
 	require.NoError(t, pool.Put(rb))
 }
 
+// requireNoImmediateData: on iWARP a send or write with immediate data is
+// refused with ErrNotSupported before anything is posted.
+func requireNoImmediateData(t *testing.T, ep *endpoint.Endpoint, pool *bufpool.Pool, n int) {
+	t.Helper()
+	b, _ := pool.TryGet()
+	defer pool.Put(b)
+	require.ErrorIs(t, ep.PostSendImm("imm", b, n, 7), endpoint.ErrNotSupported)
+	require.ErrorIs(t, ep.PostWriteImm("imm", b, n, bufpool.Remote{Addr: 4096, RKey: 1, Len: uint64(n)}, 7), endpoint.ErrNotSupported)
+	select {
+	case c := <-ep.Completions():
+		t.Fatalf("a refused post completed: %+v", c)
+	default:
+	}
+}
+
 func TestWriteWithImm(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	p := connect(t, ctx)
+	if rxetest.IWARP() {
+		requireNoImmediateData(t, p.client, newPool(t, p.client, 64<<10, 1), 64<<10)
+		return
+	}
 	region, remote := exchangeRegion(t, ctx, p, 64<<10, bufpool.RemoteWrite)
 	spool := newPool(t, p.server, 64, 1)
 	cpool := newPool(t, p.client, 64<<10, 1)
@@ -189,9 +212,17 @@ func TestScatterGather(t *testing.T) {
 	d1, _ := cpool.TryGet()
 	t1, _ := d1.Segment(0, 2000)
 	t2, _ := src[0].Segment(0, len(want)-2000) // reuse a source buffer as the second target
-	require.NoError(t, p.client.PostReadv("readv", []bufpool.Segment{t1, t2}, remote))
-	require.NoError(t, next(t, p.client).Err)
-	require.Equal(t, want, append(append([]byte{}, d1.Bytes()[:2000]...), src[0].Bytes()[:len(want)-2000]...))
+	if rxetest.IWARP() {                       // siw's READ sink takes one segment (max_sge_rd 1)
+		require.ErrorIs(t, p.client.PostReadv("readv", []bufpool.Segment{t1, t2}, remote), endpoint.ErrNotSupported)
+		whole, _ := d1.Segment(0, len(want))
+		require.NoError(t, p.client.PostReadv("read", []bufpool.Segment{whole}, remote))
+		require.NoError(t, next(t, p.client).Err)
+		require.Equal(t, want, d1.Bytes()[:len(want)])
+	} else {
+		require.NoError(t, p.client.PostReadv("readv", []bufpool.Segment{t1, t2}, remote))
+		require.NoError(t, next(t, p.client).Err)
+		require.Equal(t, want, append(append([]byte{}, d1.Bytes()[:2000]...), src[0].Bytes()[:len(want)-2000]...))
+	}
 	for _, b := range []*bufpool.Buffer{src[0], src[1], src[2], d1} {
 		require.NoError(t, cpool.Put(b))
 	}
@@ -211,6 +242,13 @@ func TestAtomics(t *testing.T) {
 	pool := newPool(t, p.client, 8, 1)
 	b, _ := pool.TryGet()
 	old := func() uint64 { return binary.NativeEndian.Uint64(b.Bytes()) }
+	if rxetest.IWARP() { // iWARP has no atomics: refused before posting
+		require.ErrorIs(t, p.client.PostFetchAndAdd("faa", b, w, 5), endpoint.ErrNoAtomics)
+		require.ErrorIs(t, p.client.PostCompareAndSwap("cas", b, w, 100, 7), endpoint.ErrNotSupported)
+		require.Equal(t, uint64(100), binary.NativeEndian.Uint64(word))
+		require.NoError(t, pool.Put(b), "nothing was posted")
+		return
+	}
 
 	require.NoError(t, p.client.PostFetchAndAdd("faa", b, w, 5))
 	c := next(t, p.client)
@@ -285,7 +323,8 @@ func TestBatchUnsignaledInline(t *testing.T) {
 // TestSilentSendsDeliverNothing posts 300 silent sends (more than the send
 // queue holds, so their slots must come back without a Completion) and one
 // ordinary send: the peer receives all of them, in order, and the sender
-// gets exactly one Completion, the ordinary send's.
+// gets exactly one Completion, the ordinary send's. No send is posted
+// before the peer has a receive for it (iWARP has no RNR retry).
 func TestSilentSendsDeliverNothing(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -306,6 +345,9 @@ func TestSilentSendsDeliverNothing(t *testing.T) {
 		require.NoError(t, p.server.PostRecv(nil, c.Buffer))
 	}
 	for i := range n + 1 {
+		for i-got >= 64 { // every receive holds a message: wait for one to be reposted
+			take(next(t, p.server))
+		}
 		binary.LittleEndian.PutUint64(sb.Bytes(), uint64(i))
 		var err error
 		for {
@@ -351,12 +393,17 @@ func TestSilentSendsDeliverNothing(t *testing.T) {
 }
 
 // TestQueueFullThenClose fills the send queue (the peer has no receive, so
-// the sends wait in RNR retry), checks the next post is refused, then checks
-// Close hands every pending context back with ErrClosed, exactly once.
+// the sends wait in RNR retry, for ever with retry count 7), checks the
+// next post is refused, then checks Close hands every pending context back
+// with ErrClosed, exactly once.
 func TestQueueFullThenClose(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	p := connect(t, ctx, withQueueDepth(4))
+	p := connect(t, ctx, withQueueDepth(4), cm.WithRNRRetry(7))
+	if rxetest.IWARP() { // no RNR retry holds the sends: the first one ends the connection
+		requireUnreceivedSendEndsConnection(t, p)
+		return
+	}
 	pool := newPool(t, p.client, 64, 8)
 	for i := range 4 {
 		b, _ := pool.TryGet()
@@ -386,12 +433,18 @@ func TestQueueFullThenClose(t *testing.T) {
 // TestRNRRecoveryIsQuick sends to a peer with no receive posted, which
 // refuses the message (RNR NAK: the device counter rises), posts the
 // receive 20 ms later and expects the message soon after. The kernel CM
-// leaves the RNR timer at 655 ms (with it this test saw 660 ms); cm sets
-// 0.64 ms (WithRNRTimer). The bound is far from both.
+// leaves the RNR timer at 655 ms (with it this test saw 660 ms); cm's
+// default is 20.48 ms (WithRNRTimer). The bound is far from both. The
+// retry count is 7 (for ever), so that a slow guest cannot turn the wait
+// into the bounded default's failure.
 func TestRNRRecoveryIsQuick(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	p := connect(t, ctx)
+	p := connect(t, ctx, cm.WithRNRRetry(7))
+	if rxetest.IWARP() { // nothing to recover from: the refused send ends the connection
+		requireUnreceivedSendEndsConnection(t, p)
+		return
+	}
 	counter := "/sys/class/infiniband/" + rxetest.Device() + "/ports/1/hw_counters/rcvd_rnr_err"
 	before := readCounter(t, counter)
 	cpool, spool := newPool(t, p.client, 64, 1), newPool(t, p.server, 64, 1)

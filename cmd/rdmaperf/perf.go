@@ -30,10 +30,14 @@ type peer struct {
 	pool *bufpool.Pool
 }
 
-// connOptions are the connection's options, on both sides.
+// connOptions are the connection's options, on both sides. The RNR retry
+// and timer are perftest's (retry for ever, 0.64 ms apart), not the
+// library's bounded defaults, so that a receiver falling behind costs both
+// the same.
 func (c config) connOptions(recvDepth int) []cm.Option {
 	return []cm.Option{cm.WithSendDepth(c.depth + 1), cm.WithRecvDepth(recvDepth),
-		c.polling(), cm.WithReadDepth(c.reads)}
+		c.polling(), cm.WithReadDepth(c.reads),
+		cm.WithRNRRetry(7), cm.WithRNRTimer(640 * time.Microsecond)}
 }
 
 // polling is -poll, with -spin when it is hybrid (a spin is hybrid

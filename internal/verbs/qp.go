@@ -33,7 +33,9 @@ type DeviceAttr struct {
 	MaxQPRdAtom     int // outstanding RDMA reads/atomics a QP can answer
 	MaxQPInitRdAtom int // outstanding RDMA reads/atomics a QP can issue
 	MaxSRQWR        int
+	MaxSGERd        int  // scatter/gather entries of an RDMA READ's local sink
 	Atomics         bool // atomic_cap is not IBV_ATOMIC_NONE
+	IWARP           bool // the transport is iWARP: no atomics, no immediate data, no RNR retry
 }
 
 // QueryDevice reads the device's attributes.
@@ -46,7 +48,8 @@ func (c *Context) QueryDevice() (DeviceAttr, error) {
 		MaxQPWR: int(a.max_qp_wr), MaxSGE: int(a.max_sge), MaxCQE: int(a.max_cqe),
 		MaxMRSize: uint64(a.max_mr_size), MaxQPRdAtom: int(a.max_qp_rd_atom),
 		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom), MaxSRQWR: int(a.max_srq_wr),
-		Atomics: a.atomic_cap != C.IBV_ATOMIC_NONE,
+		MaxSGERd: int(a.max_sge_rd), Atomics: a.atomic_cap != C.IBV_ATOMIC_NONE,
+		IWARP: c.p.device.transport_type == C.IBV_TRANSPORT_IWARP,
 	}, nil
 }
 
