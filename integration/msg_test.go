@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 )
@@ -41,6 +43,28 @@ func msgPair(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Conn, 
 	require.NotNil(t, server)
 	t.Cleanup(func() { server.Close() })
 	return client, server, l
+}
+
+// listenMsg listens for msg connections on the device and accepts n of
+// them in the background, each onto the channel, which is closed after
+// the n-th or the first error. The listener closes at cleanup.
+func listenMsg(t *testing.T, ctx context.Context, n int) (*msg.Listener, <-chan *msg.Conn) {
+	t.Helper()
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	accepted := make(chan *msg.Conn, n)
+	go func() {
+		defer close(accepted)
+		for range n {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	return l, accepted
 }
 
 func TestMsgSizesIncludingRendezvous(t *testing.T) {
@@ -340,29 +364,19 @@ func TestServerShutdownWhileCallsKeepArriving(t *testing.T) {
 func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
-	require.NoError(t, err)
-	defer l.Close()
-	accepted := make(chan *msg.Conn, 2)
-	go func() {
-		for range 2 {
-			c, err := l.Accept(ctx)
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
+	l, accepted := listenMsg(t, ctx, 2)
 	good, err := msg.Dial(ctx, l.Addr().String())
 	require.NoError(t, err)
 	defer good.Close()
 	goodSrv := <-accepted
+	require.NotNil(t, goodSrv)
 	defer goodSrv.Close()
 
 	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
 	require.NoError(t, err)
 	defer closeAndDrain(t, raw)
 	badSrv := <-accepted
+	require.NotNil(t, badSrv)
 	defer badSrv.Close()
 	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
 	require.NoError(t, err)
@@ -382,4 +396,171 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 	got, err := goodSrv.Recv(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "unaffected", string(got))
+}
+
+// TestMsgOrderlyCloseIsEOF: a peer that closes in order says goodbye, so
+// the reader gets every message sent before Close, then io.EOF; the
+// connection's error is ErrPeerClosed (matching ErrClosed), and sending
+// fails with it. (TestClientKilledMidStream checks that a crash is not EOF.)
+func TestMsgOrderlyCloseIsEOF(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	for i := range 3 {
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, client.Close())
+	for i := range 3 {
+		got, err := server.Recv(ctx)
+		require.NoError(t, err, "message %d, sent before Close", i)
+		require.Equal(t, []byte{byte(i)}, got)
+	}
+	_, err := server.Recv(ctx)
+	require.Equal(t, io.EOF, err, "after the peer's Close: io.EOF itself, as from a net.Conn")
+	_, err = server.Recv(ctx)
+	require.Equal(t, io.EOF, err, "and again")
+	require.ErrorIs(t, server.Err(), msg.ErrPeerClosed)
+	require.ErrorIs(t, server.Err(), net.ErrClosed)
+	require.ErrorIs(t, server.Send(ctx, []byte("late")), msg.ErrClosed)
+	require.ErrorIs(t, client.Send(ctx, []byte("after Close")), msg.ErrClosed)
+}
+
+// TestMsgConnOneSided: messages and one-sided access on one connection.
+// The server registers a region on its Conn's PD and sends its descriptor
+// as a message; the client writes, reads and runs both atomics on it, and
+// the server sees the bytes land. A write into a region registered for
+// reads only fails on the device and ends the connection.
+func TestMsgConnOneSided(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	region, err := bufpool.NewRegion(server.PD(), 64<<10, bufpool.RemoteRead|bufpool.RemoteWrite|bufpool.RemoteAtomic)
+	require.NoError(t, err)
+	defer region.Close()
+	desc, err := region.Remote().MarshalBinary()
+	require.NoError(t, err)
+	require.NoError(t, server.Send(ctx, desc))
+
+	got, err := client.Recv(ctx)
+	require.NoError(t, err)
+	var remote bufpool.Remote
+	require.NoError(t, remote.UnmarshalBinary(got))
+
+	payload := make([]byte, 40000)
+	pattern(payload, 7)
+	at, err := remote.Slice(1024, len(payload))
+	require.NoError(t, err)
+	require.NoError(t, client.WriteRemote(ctx, at, payload))
+	require.Equal(t, payload, region.Bytes()[1024:1024+len(payload)], "the write landed in the server's region")
+
+	copy(region.Bytes()[50000:], "written by the owner")
+	back := make([]byte, len("written by the owner"))
+	at, err = remote.Slice(50000, len(back))
+	require.NoError(t, err)
+	require.NoError(t, client.ReadRemote(ctx, at, back))
+	require.Equal(t, "written by the owner", string(back))
+
+	word, err := remote.Slice(0, 8)
+	require.NoError(t, err)
+	binary.NativeEndian.PutUint64(region.Bytes(), 41)
+	if rxetest.IWARP() { // no atomics on iWARP: refused, the connection lives on
+		_, err := client.FetchAndAdd(ctx, word, 1)
+		require.ErrorIs(t, err, endpoint.ErrNoAtomics)
+		_, err = client.CompareAndSwap(ctx, word, 41, 100)
+		require.ErrorIs(t, err, endpoint.ErrNotSupported)
+		require.Equal(t, uint64(41), binary.NativeEndian.Uint64(region.Bytes()))
+	} else {
+		old, err := client.FetchAndAdd(ctx, word, 1)
+		require.NoError(t, err)
+		require.Equal(t, uint64(41), old)
+		old, err = client.CompareAndSwap(ctx, word, 42, 100)
+		require.NoError(t, err)
+		require.Equal(t, uint64(42), old)
+		require.Equal(t, uint64(100), binary.NativeEndian.Uint64(region.Bytes()))
+	}
+
+	// Messages still flow both ways after one-sided traffic.
+	require.NoError(t, client.Send(ctx, []byte("done")))
+	got, err = server.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "done", string(got))
+
+	err = client.ReadRemote(ctx, remote, nil)
+	require.ErrorIs(t, err, endpoint.ErrInvalid, "an empty read is refused before posting")
+
+	readOnly, err := bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer readOnly.Close()
+	err = client.WriteRemote(ctx, readOnly.Remote(), []byte("forbidden"))
+	if err != nil || !rxetest.IWARP() { // on iWARP the write may complete; the refusal ends the connection
+		var ce *endpoint.CompletionError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
+	}
+	select {
+	case <-client.Done():
+	case <-ctx.Done():
+		t.Fatal("the connection outlived a failed write")
+	}
+}
+
+// TestAcceptingSideWaitsForTheDialer: the accepting side of a msg
+// connection sends nothing before the dialer has (iWARP forbids the
+// passive side to speak first; msg's dialer greets as soon as it is
+// connected). Here the dialer is a raw endpoint that stays silent: the
+// accepted Conn's Send waits, fails when its ctx ends and says why, and
+// nothing arrives; once the dialer has sent a frame, the Send goes through.
+func TestAcceptingSideWaitsForTheDialer(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, accepted := listenMsg(t, ctx, 1)
+	var pool *bufpool.Pool
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)),
+		cm.WithSetup(func(ep *endpoint.Endpoint) error {
+			var err error
+			if pool, err = bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(5)); err != nil {
+				return err
+			}
+			for range 4 {
+				b, _ := pool.TryGet()
+				if err := ep.PostRecv("recv", b); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	require.NoError(t, err)
+	defer pool.Close()
+	defer closeAndDrain(t, raw)
+	srv := <-accepted
+	require.NotNil(t, srv)
+	defer srv.Close()
+
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = srv.Send(short, []byte("too early"))
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "never speaks first")
+	select {
+	case c := <-raw.Completions():
+		t.Fatalf("the accepting side spoke first: %+v", c)
+	default:
+	}
+
+	b, _ := pool.TryGet()
+	greeting := msg.Header{Type: msg.TypeCredit}
+	greeting.Encode(b.Bytes())
+	require.NoError(t, raw.PostSend("greeting", b, msg.HeaderSize))
+	require.NoError(t, srv.Send(ctx, []byte("now")))
+	for range 2 { // the greeting's send completion and the message
+		c := next(t, raw)
+		require.NoError(t, c.Err)
+		if c.Op == endpoint.OpRecv {
+			var h msg.Header
+			require.NoError(t, h.Decode(c.Buffer.Bytes()[:c.Len]))
+			require.Equal(t, msg.TypeData, h.Type)
+			require.Equal(t, "now", string(c.Buffer.Bytes()[msg.HeaderSize:c.Len]))
+		}
+		require.NoError(t, pool.Put(c.Buffer))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -21,6 +22,17 @@ var ErrClosed = endpoint.ErrClosed
 // keepalive, for longer than the keepalive timeout while it could have: the
 // peer or the link is gone. The connection's error matches it and ErrClosed.
 var ErrPeerSilent = errors.New("msg: the peer is silent")
+
+// ErrPeerClosed ends a connection the peer closed in order (its Close said
+// goodbye). Recv and RecvMessage return io.EOF for it, once every message
+// sent before the goodbye was read; Send and Err return it, and it matches
+// ErrClosed. A peer that crashed or left without a goodbye ends the
+// connection with another error instead.
+var ErrPeerClosed = fmt.Errorf("msg: the peer closed the connection: %w", ErrClosed)
+
+// goodbyeTimeout bounds how long Close waits for its goodbye (and the
+// messages before it) to leave.
+const goodbyeTimeout = time.Second
 
 func errorf(format string, a ...any) error { return fmt.Errorf("msg: "+format, a...) }
 
@@ -74,7 +86,15 @@ type Conn struct {
 	lastSend, lastRecv     time.Time
 	lastCheck              time.Time // the control loop's last silence check
 	granted, receivedTotal int
-	reading                int // this side's RDMA READs of the peer's rendezvous regions in flight
+	reading                int  // this side's RDMA READs and atomics on the peer's memory in flight
+	closing                bool // Close said goodbye: no message may follow it
+	// The dialer speaks first, as iWARP requires of the active side: it
+	// greets (greet, a credit message) as soon as the connection is up,
+	// and the accepting side sends nothing until it has heard it (mayTalk).
+	greet, mayTalk bool
+	peerClosed     bool // the peer said goodbye
+
+	oneSidedSlots chan struct{} // one per one-sided operation in flight (maxOneSided)
 
 	inbox     chan *Message
 	done      chan struct{}
@@ -99,7 +119,7 @@ type rendezvousRead struct {
 // sendToken marks send completions of the connection's own buffers.
 type sendToken struct{}
 
-func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hello) (*Conn, error) {
+func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hello, dialer bool) (*Conn, error) {
 	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(peer.bufSize), bufpool.Count(o.recvDepth))
 	if err != nil {
 		return nil, err
@@ -108,6 +128,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
 		inbox: make(chan *Message, o.recvDepth), done: make(chan struct{}),
+		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
 		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
 	go c.run()
@@ -148,9 +169,10 @@ func abandon(pool *bufpool.Pool) {
 // connOptions are the cm options of every msg connection: the caller's,
 // then msg's own.
 func (o options) connOptions() []cm.Option {
-	// Every send takes a send buffer (recvDepth of them) and every
-	// rendezvous a read (at most recvDepth at once): the send queue holds both.
-	return append(o.cmOpts[:len(o.cmOpts):len(o.cmOpts)], cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1),
+	// Every send takes a send buffer (recvDepth of them), every rendezvous
+	// a read (at most recvDepth at once), and one-sided operations at most
+	// maxOneSided: the send queue holds them all.
+	return append(o.cmOpts[:len(o.cmOpts):len(o.cmOpts)], cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1+maxOneSided),
 		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
 }
 
@@ -174,7 +196,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	peer, err := parseHello(ep.PrivateData())
 	if err == nil {
 		var c *Conn
-		if c, err = newConn(ep, o, pool, peer); err == nil {
+		if c, err = newConn(ep, o, pool, peer, true); err == nil {
 			return c, nil
 		}
 	}
@@ -237,7 +259,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			l.o.logger.Debug().Err(err).Msg("msg: accept failed")
 			continue
 		}
-		c, err := newConn(ep, l.o, pool, peer)
+		c, err := newConn(ep, l.o, pool, peer, false)
 		if err != nil {
 			ep.CloseAndDrain(nil)
 			abandon(pool)
@@ -293,10 +315,15 @@ func (c *Conn) fail(err error) {
 }
 
 // Close ends the connection: pending Sends and Recvs return ErrClosed, and
-// everything is freed once messages already handed out are released.
-// Idempotent: every call returns the first one's result.
+// everything is freed once messages already handed out are released. It
+// first says goodbye when it can without waiting for a credit, and gives
+// the messages sent so far up to a second to leave, so that the peer reads
+// them all and then io.EOF; without a credit (the peer holds every message
+// it was sent) the peer sees an error instead. Idempotent: every call
+// returns the first one's result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
+		c.sayGoodbye()
 		c.fail(ErrClosed)
 		errs := []error{c.ep.Close()}
 		<-c.loopDone
@@ -321,6 +348,32 @@ func (c *Conn) Close() error {
 		c.closeErr = errors.Join(errs...)
 	})
 	return c.closeErr
+}
+
+// sayGoodbye sends the TypeClose message, if a credit and a buffer are free
+// now, and waits (at most goodbyeTimeout) for every message posted so far to
+// leave. Sends that start afterwards fail with ErrClosed.
+func (c *Conn) sayGoodbye() {
+	c.mu.Lock()
+	c.closing = true
+	var b *bufpool.Buffer
+	if c.err == nil && c.mayTalk && c.credits >= 1 {
+		b, _ = c.sendPool.TryGet()
+	}
+	if b == nil {
+		c.mu.Unlock()
+		return
+	}
+	h := Header{Type: TypeClose}
+	c.takeCreditLocked(&h)
+	c.mu.Unlock()
+	h.Encode(b.Bytes())
+	if c.post(b, &h) != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), goodbyeTimeout)
+	defer cancel()
+	c.flush(ctx)
 }
 
 // repost gives a receive buffer back to the device and counts the credit.
@@ -352,6 +405,8 @@ func (c *Conn) Send(ctx context.Context, payload []byte) error {
 }
 
 // Recv returns the next message's payload, copied; the message is released.
+// It returns io.EOF once the peer closed in order and every message it sent
+// was read.
 func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 	m, err := c.RecvMessage(ctx)
 	if err != nil {
@@ -363,7 +418,7 @@ func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 
 // RecvMessage returns the next message without copying it; Release it.
 // After the connection ended, messages that had arrived are still returned,
-// then its error.
+// then its error: io.EOF when the peer closed in order (ErrPeerClosed).
 func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 	select {
 	case m := <-c.inbox:
@@ -381,7 +436,10 @@ func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 		case m := <-c.inbox:
 			return m, nil
 		default:
-			return nil, c.Err()
+			if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
+				return nil, err
+			}
+			return nil, io.EOF
 		}
 	}
 }
@@ -425,16 +483,27 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	}
 	// One credit stays back for credit messages, so that two peers that
 	// both wait to send can always tell each other they may.
-	if err := c.waitFor(ctx, func() bool { return c.credits > 1 }); err != nil {
+	if err := c.waitFor(ctx, func() bool { return c.mayTalk && c.credits > 1 }); err != nil {
 		c.sendPool.Put(b)
-		if ctx.Err() != nil {
-			return fmt.Errorf("msg: no credit to send: the peer holds every message it was sent (it reads slowly, or took messages with RecvMessage without Release): %w", err)
+		if ctx.Err() == nil {
+			return err
 		}
-		return err
+		c.mu.Lock()
+		heard := c.mayTalk
+		c.mu.Unlock()
+		if !heard {
+			return fmt.Errorf("msg: the dialer has not spoken yet, and the accepting side never speaks first (iWARP forbids it): %w", err)
+		}
+		return fmt.Errorf("msg: no credit to send: the peer holds every message it was sent (it reads slowly, or took messages with RecvMessage without Release): %w", err)
 	}
 	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}
 	if typ == TypeRendezvous {
 		h.Flags = FlagRendezvous
+	}
+	if c.closing {
+		c.mu.Unlock()
+		c.sendPool.Put(b)
+		return ErrClosed
 	}
 	c.takeCreditLocked(&h)
 	c.mu.Unlock()

@@ -29,10 +29,11 @@ const (
 	TypeError                          // Server reply: the handler's error code (u16) and text
 	TypeRendezvous                     // a large payload is waiting in a region: RendezvousInfo
 	TypeRendezvousDone                 // the receiver has read the region; the sender may release it
+	TypeClose                          // the sender is closing: its last message (the reader's io.EOF)
 	typeLimit
 )
 
-var typeNames = [...]string{"", "data", "credit", "request", "response", "error", "rendezvous", "rendezvous-done"}
+var typeNames = [...]string{"", "data", "credit", "request", "response", "error", "rendezvous", "rendezvous-done", "close"}
 
 func (t Type) String() string {
 	if t > 0 && t < typeLimit {
@@ -105,7 +106,7 @@ func (h *Header) Decode(b []byte) error {
 		return fmt.Errorf("%w: header announces %d payload bytes, %d arrived", ErrMalformed, h.Length, len(b)-HeaderSize)
 	}
 	switch h.Type {
-	case TypeCredit, TypeRendezvousDone:
+	case TypeCredit, TypeRendezvousDone, TypeClose:
 		if h.Length != 0 {
 			return fmt.Errorf("%w: a %v message with %d payload bytes", ErrMalformed, h.Type, h.Length)
 		}

@@ -30,6 +30,7 @@ func TestHeaderRejects(t *testing.T) {
 		"length long":   func() []byte { return good()[:HeaderSize+2] },
 		"length short":  func() []byte { return append(good(), 0) },
 		"credit+bytes":  func() []byte { b := good(); b[1] = byte(TypeCredit); return b },
+		"close+bytes":   func() []byte { b := good(); b[1] = byte(TypeClose); return b },
 		"rendezvous sz": func() []byte { b := good(); b[1] = byte(TypeRendezvous); return b },
 	}
 	for name, mk := range cases {
@@ -44,6 +45,7 @@ func FuzzDecode(f *testing.F) {
 	for _, h := range []Header{
 		{Type: TypeData, Length: 3},
 		{Type: TypeCredit, Credits: 8},
+		{Type: TypeClose},
 		{Type: TypeRequest, ID: 42, Length: 1},
 		{Type: TypeRendezvous, Flags: FlagRendezvous, Length: rendezvousInfoSize},
 	} {

@@ -65,6 +65,12 @@ func (c *Conn) run() {
 // endError is why the connection ended when work was flushed: the
 // endpoint's reason (the peer disconnected, ...) if it has one.
 func (c *Conn) endError(err error) error {
+	c.mu.Lock()
+	peerClosed := c.peerClosed
+	c.mu.Unlock()
+	if peerClosed {
+		return ErrPeerClosed
+	}
 	if errors.Is(err, endpoint.ErrClosed) {
 		if epErr := c.ep.Err(); epErr != nil {
 			return epErr
@@ -82,6 +88,10 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	c.mu.Lock()
 	c.receivedTotal++
 	c.lastRecv = time.Now()
+	if !c.mayTalk { // the dialer's first message: this side may speak now
+		c.mayTalk = true
+		c.signal()
+	}
 	if h.Credits > 0 {
 		c.credits += int(h.Credits)
 		c.signal()
@@ -90,6 +100,12 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	switch h.Type {
 	case TypeCredit:
 		c.repost(b)
+	case TypeClose:
+		// The peer disconnects next; its end is ErrPeerClosed then.
+		c.mu.Lock()
+		c.peerClosed = true
+		c.mu.Unlock()
+		c.recvPool.Put(b)
 	case TypeRendezvousDone:
 		c.mu.Lock()
 		p, ok := c.rvSend[h.ID]
@@ -133,8 +149,10 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 
 // readRendezvous registers a region for the peer's rendezvous message and
 // posts the RDMA READ that fetches it; its completion delivers the message.
+// The region is registered for remote write, as iWARP requires of a READ's
+// sink; its key never leaves this side.
 func (c *Conn) readRendezvous(info rendezvousInfo, h Header) error {
-	region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), 0)
+	region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), bufpool.RemoteWrite)
 	if err != nil {
 		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
 	}
@@ -171,8 +189,8 @@ func (c *Conn) controlLoop() {
 			c.fail(silent)
 			return
 		}
-		owed := len(c.dones) > 0 || c.toGrant >= c.grantAt ||
-			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
+		owed := c.mayTalk && !c.closing && (c.greet || len(c.dones) > 0 || c.toGrant >= c.grantAt ||
+			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive)
 		var b *bufpool.Buffer
 		if owed && c.credits >= 1 {
 			b, _ = c.sendPool.TryGet()
@@ -187,6 +205,7 @@ func (c *Conn) controlLoop() {
 			continue
 		}
 		h := Header{Type: TypeCredit}
+		c.greet = false
 		if len(c.dones) > 0 {
 			h = Header{Type: TypeRendezvousDone, ID: c.dones[0]}
 			c.dones = c.dones[1:]

@@ -1,0 +1,129 @@
+package msg
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// One-sided access on a message connection: RDMA WRITE, READ and atomics
+// on the peer's memory, over the same queue pair as the messages. The
+// owner registers a region on its connection's protection domain
+// (bufpool.NewRegion(c.PD(), size, access)) and sends region.Remote(),
+// marshalled, as a message; the peer then reads and writes that memory
+// without the owner's CPU taking part, and the owner closes the region
+// once the peer is done with it (say so in a message).
+//
+// A one-sided operation that fails on the device (a wrong key, a range
+// past the region, access the region was not registered for) ends the
+// connection, as every failed work request on an RC queue pair does.
+
+// maxOneSided is how many one-sided operations of a connection may be in
+// flight at once; each takes a send queue slot beyond those the messages
+// need, and more callers wait for one.
+const maxOneSided = 8
+
+// PD is the connection's protection domain: register the regions the peer
+// may access on it (bufpool.NewRegion).
+func (c *Conn) PD() *bufpool.PD { return c.ep.PD() }
+
+// WriteRemote writes p to the start of the peer's region remote (RDMA
+// WRITE) and returns once the write is complete. p is copied into
+// registered memory first.
+func (c *Conn) WriteRemote(ctx context.Context, remote bufpool.Remote, p []byte) error {
+	return c.oneSided(ctx, endpoint.Request{Op: endpoint.OpWrite, Remote: remote}, p, nil)
+}
+
+// ReadRemote reads len(p) bytes from the start of the peer's region remote
+// into p (RDMA READ).
+func (c *Conn) ReadRemote(ctx context.Context, remote bufpool.Remote, p []byte) error {
+	return c.oneSided(ctx, endpoint.Request{Op: endpoint.OpRead, Remote: remote}, nil, p)
+}
+
+// CompareAndSwap compares the 8-byte word at the start of remote (8-byte
+// aligned, in the peer's byte order) with compare and, if they are equal,
+// stores swap; it returns the word's old value. Devices without atomics
+// (iWARP) refuse it with an error matching endpoint.ErrNoAtomics.
+func (c *Conn) CompareAndSwap(ctx context.Context, remote bufpool.Remote, compare, swap uint64) (old uint64, err error) {
+	return c.atomic(ctx, endpoint.Request{Op: endpoint.OpCompareAndSwap, Remote: remote, Compare: compare, Swap: swap})
+}
+
+// FetchAndAdd adds add to the 8-byte word at the start of remote (8-byte
+// aligned) and returns its old value. Devices without atomics refuse it
+// with an error matching endpoint.ErrNoAtomics.
+func (c *Conn) FetchAndAdd(ctx context.Context, remote bufpool.Remote, add uint64) (old uint64, err error) {
+	return c.atomic(ctx, endpoint.Request{Op: endpoint.OpFetchAndAdd, Remote: remote, Add: add})
+}
+
+func (c *Conn) atomic(ctx context.Context, r endpoint.Request) (uint64, error) {
+	var old [8]byte
+	if err := c.oneSided(ctx, r, nil, old[:]); err != nil {
+		return 0, err
+	}
+	return binary.NativeEndian.Uint64(old[:]), nil
+}
+
+// oneSided posts r on registered memory holding out (a write's data) or
+// of in's length (what a read or atomic brings, copied into in once it
+// completed), and waits for its completion. ctx bounds the waits before
+// the post; once posted, the call waits for the device, which hands every
+// work request back (the connection's end flushes it).
+func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte) error {
+	n := len(out) + len(in)
+	if n == 0 {
+		return fmt.Errorf("msg: a %v of 0 bytes: %w", r.Op, endpoint.ErrInvalid)
+	}
+	select {
+	case c.oneSidedSlots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+		return c.Err()
+	}
+	defer func() { <-c.oneSidedSlots }()
+	// One-sided operations are messages on the wire too: the accepting
+	// side waits until the dialer has spoken.
+	if err := c.waitFor(ctx, func() bool { return c.mayTalk }); err != nil {
+		return err
+	}
+	c.mu.Unlock()
+
+	// The local side of an RDMA READ is registered for remote write too:
+	// iWARP requires it of a READ's sink.
+	access := bufpool.Access(0)
+	if r.Op == endpoint.OpRead {
+		access = bufpool.RemoteWrite
+	}
+	region, err := bufpool.NewRegion(c.ep.PD(), n, access)
+	if err != nil {
+		return fmt.Errorf("msg: registering %d bytes for a %v: %w", n, r.Op, err)
+	}
+	defer region.Close()
+	copy(region.Bytes(), out)
+
+	done := make(chan endpoint.Completion, 1)
+	r.Buffer, r.Length, r.Notify = region.Buffer(), n, done
+	reads := r.Op != endpoint.OpWrite
+	if reads { // the peer's messages queue behind the reply: not silence
+		c.mu.Lock()
+		c.reading++
+		c.mu.Unlock()
+	}
+	err = c.ep.PostBatch([]endpoint.Request{r})
+	if err == nil {
+		err = (<-done).Err
+	}
+	if reads {
+		c.mu.Lock()
+		c.reading--
+		c.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("msg: %v of %d bytes: %w", r.Op, n, err)
+	}
+	copy(in, region.Bytes()) // before the deferred Close unmaps it
+	return nil
+}
