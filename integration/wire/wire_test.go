@@ -30,18 +30,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // A cut link is noticed by the msg keepalive (rxe's transport timeout
 // never fires; see msg.WithKeepalive): silence for keepaliveTimeout ends
-// the connection. cutBound leaves room for TCG. keepaliveTimeout was 2 s
-// until TestWireLoss5 ended a healthy connection with 2.0 s of silence
-// (1 run of 5 on 2026-11-22): rxe recovers a lost packet only when a later
-// one shows the gap, so a few losses in a row under 5% loss and -race can
-// keep the peer quiet that long. At 4 s it failed again (.ci/run,
-// 2026-11-23 02:00 UTC, silence of 4.006 s after 31 messages) while the
-// server's Accept never returned: the dialer's RTU, the last message of
-// the CM's handshake, was lost, so the server was not yet connected and
-// did not run msg, and the kernel CM resends its REP (which makes the
-// dialer resend the RTU) only after 4.1 s (CMA_CM_RESPONSE_TIMEOUT). cm's
-// Accept now learns of the connection from the dialer's first message
-// (TestWireLostRTU); the timeout is msg's default, 10 s, all the same.
+// the connection. cutBound leaves room for TCG. The timeout is msg's
+// default, 10 s: rxe recovers a lost packet only when a later one shows
+// the gap, so under 5% loss and -race a few losses in a row keep the peer
+// quiet for seconds, and shorter timeouts ended healthy connections (the
+// commit history has the runs).
 const (
 	ackTimeout       = 67 * time.Millisecond // for the devices that honour it
 	keepalive        = 250 * time.Millisecond
