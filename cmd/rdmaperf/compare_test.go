@@ -114,3 +114,35 @@ func TestChartSeriesIsBusyPollingInSizeOrder(t *testing.T) {
 	}
 	require.NoError(t, writeChart(filepath.Join(t.TempDir(), "bench.png"), rows))
 }
+
+// make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
+// the last one; a later run on rxe0 rewrites its table and keeps it.
+func TestDeviceSectionSurvivesBothWriters(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nrxe table\n"+keptSection+"\n| earlier |\n"), 0o644))
+	siwRows := []row{{Test: "send_bw", Size: 64, Poll: "busy", Perftest: 2, Ours: 1, PerftestRuns: []float64{2}, OursRuns: []float64{1}},
+		{Test: "read_lat", Size: 64, Poll: "event", Perftest: 30, PerftestRuns: []float64{30}}}
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, result{Calls: 1234}, 3))
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, result{Calls: 1234}, 3))
+	md, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(md), deviceSectionHead("siw0")), "replaced, not repeated")
+	assert.Contains(t, string(md), "rxe table", "the rest is left as it was")
+	assert.Contains(t, string(md), "| send_bw | 64 | busy | 2.00 | 1.00 | 0.50 | 2.00-2.00 | 1.00-1.00 |\n")
+	assert.Contains(t, string(md), "| read_lat | 64 | event | 30.00 | n/a | n/a | 30.00-30.00 | n/a |\n", "a side with no run says n/a")
+	assert.Contains(t, string(md), "1234 calls/s")
+
+	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	md, err = os.ReadFile(path)
+	require.NoError(t, err)
+	assert.NotContains(t, string(md), "rxe table", "rxe's part is rewritten")
+	assert.Equal(t, 1, strings.Count(string(md), deviceSectionHead("siw0")), "and siw's section kept")
+}
+
+func TestIWARPRunsNoImmediateData(t *testing.T) {
+	t.Setenv("RDMACM_TEST_TRANSPORT", "iwarp")
+	assert.NotContains(t, deviceTests(), "write_imm_bw")
+	assert.Len(t, deviceTests(), len(compareTests)-1)
+	t.Setenv("RDMACM_TEST_TRANSPORT", "roce")
+	assert.Equal(t, compareTests, deviceTests())
+}

@@ -103,7 +103,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *compare {
-		set := compareSet{tests: compareTests, sizes: compareSizes, repeat: max(1, *repeat)}
+		set := compareSet{tests: deviceTests(), sizes: compareSizes, repeat: max(1, *repeat)}
 		flag.Visit(func(f *flag.Flag) { // -test and -sizes narrow the comparison
 			switch f.Name {
 			case "test":

@@ -345,10 +345,20 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 	op := map[string]endpoint.Op{"send_bw": endpoint.OpSend, "write_bw": endpoint.OpWrite,
 		"read_bw": endpoint.OpRead, "write_imm_bw": endpoint.OpWrite}[cfg.test]
 	batch := max(1, min(cfg.batch, cfg.depth/2))
+	// A batch's sends and writes but the last are Silent: one completion
+	// stands for the batch. Reads are only Unsignaled (a read's completion
+	// says its data has arrived, so the library delivers each), and each
+	// comes back with the batch's signaled one.
+	perCompletion := batch
+	if op == endpoint.OpRead {
+		perCompletion = 1
+	}
 	reqs := make([]endpoint.Request, batch)
 	for i := range reqs {
 		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
-		if i < batch-1 {
+		if i < batch-1 && op == endpoint.OpRead {
+			reqs[i].Flags = endpoint.Unsignaled
+		} else if i < batch-1 {
 			reqs[i].Flags = endpoint.Silent
 		}
 		if cfg.test == "write_imm_bw" {
@@ -373,7 +383,7 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 			return err
 		}
 		// Batches complete in order and only the last may be short.
-		n := min(batch, cfg.iters-done)
+		n := min(perCompletion, cfg.iters-done)
 		inflight -= n
 		done += n
 	}
