@@ -75,7 +75,10 @@ func TestCloseWhilePosting(t *testing.T) {
 					return
 				}
 				id := next.Add(1)
-				if g%2 == 0 {
+				// Half the posters send, except on iWARP, where a send that
+				// outruns the server's reposting would end the connection
+				// (no RNR retry) before Close does: there all write.
+				if g%2 == 0 && !rxetest.IWARP() {
 					err = p.client.PostSend(id, b, 200)
 				} else {
 					err = p.client.PostWrite(id, b, 200, remote)
