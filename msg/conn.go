@@ -316,11 +316,11 @@ func (c *Conn) fail(err error) {
 
 // Close ends the connection: pending Sends and Recvs return ErrClosed, and
 // everything is freed once messages already handed out are released. It
-// first says goodbye when it can without waiting for a credit, and gives
-// the messages sent so far up to a second to leave, so that the peer reads
-// them all and then io.EOF; without a credit (the peer holds every message
-// it was sent) the peer sees an error instead. Idempotent: every call
-// returns the first one's result.
+// first says goodbye and lets the messages sent so far leave, so that the
+// peer reads them all and then io.EOF; that takes a credit, and Close waits
+// at most a second for one: if the peer holds every message it was sent
+// that long, it sees an error instead. Idempotent: every call returns the
+// first one's result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
@@ -350,18 +350,22 @@ func (c *Conn) Close() error {
 	return c.closeErr
 }
 
-// sayGoodbye sends the TypeClose message, if a credit and a buffer are free
-// now, and waits (at most goodbyeTimeout) for every message posted so far to
-// leave. Sends that start afterwards fail with ErrClosed.
+// sayGoodbye sends the TypeClose message and waits for every message posted
+// so far to leave, all within goodbyeTimeout: without a credit and a buffer
+// by then (the peer holds every message it was sent), it gives up. Sends
+// that start afterwards fail with ErrClosed.
 func (c *Conn) sayGoodbye() {
+	ctx, cancel := context.WithTimeout(context.Background(), goodbyeTimeout)
+	defer cancel()
 	c.mu.Lock()
 	c.closing = true
-	var b *bufpool.Buffer
-	if c.err == nil && c.mayTalk && c.credits >= 1 {
-		b, _ = c.sendPool.TryGet()
+	c.mu.Unlock()
+	b, err := c.sendPool.Get(ctx)
+	if err != nil {
+		return
 	}
-	if b == nil {
-		c.mu.Unlock()
+	if c.waitFor(ctx, func() bool { return c.mayTalk && c.credits >= 1 }) != nil {
+		c.sendPool.Put(b)
 		return
 	}
 	h := Header{Type: TypeClose}
@@ -371,8 +375,6 @@ func (c *Conn) sayGoodbye() {
 	if c.post(b, &h) != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), goodbyeTimeout)
-	defer cancel()
 	c.flush(ctx)
 }
 
