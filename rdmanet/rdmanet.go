@@ -1,0 +1,260 @@
+// Package rdmanet is a byte stream over RDMA with Go's net shapes: a *Conn
+// is a net.Conn and a *Listener a net.Listener, so net/http, net/rpc and
+// gRPC ride RDMA unchanged.
+//
+// A Conn is a msg connection underneath: writes travel as messages of up to
+// 64 KiB (coalesced by nothing but the caller's Write sizes), flow control
+// is msg's credits (a slow reader never causes a receiver-not-ready), and
+// Close says goodbye, so the peer's Read returns io.EOF after the last byte;
+// a peer that crashed gives an error instead.
+//
+// Deadlines follow net.Conn: a passed deadline fails pending and future
+// calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
+// net.Error's Timeout() hold; a deadline moved into the future lets calls
+// work again.
+package rdmanet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// chunk is the largest message a Write sends: a receive buffer's payload.
+const (
+	bufferSize = 64 << 10
+	chunk      = bufferSize - msg.HeaderSize
+	recvDepth  = 32
+)
+
+// Option configures Dial and Listen.
+type Option func(*[]msg.Option)
+
+// WithMsgOptions passes options to the msg connection underneath
+// (keepalive, logger, connection options).
+func WithMsgOptions(opts ...msg.Option) Option {
+	return func(o *[]msg.Option) { *o = append(*o, opts...) }
+}
+
+func msgOptions(opts []Option) []msg.Option {
+	o := []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth)}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// Conn is a byte stream over one RDMA connection. It implements net.Conn;
+// Read, Write, Close and the deadline setters are safe for concurrent use.
+type Conn struct {
+	c *msg.Conn
+
+	readMu  sync.Mutex
+	msg     *msg.Message // the message Read is taking bytes from
+	rest    []byte       // its bytes not yet read
+	readErr error        // the stream's end, once seen
+
+	writeMu sync.Mutex
+
+	readDeadline, writeDeadline deadline
+}
+
+var _ net.Conn = (*Conn)(nil)
+
+// Dial connects to an rdmanet Listener at addr (host:port of an
+// RDMA-capable interface).
+func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
+	c, err := msg.Dial(ctx, addr, msgOptions(opts)...)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
+	}
+	return newConn(c), nil
+}
+
+func newConn(c *msg.Conn) *Conn {
+	conn := &Conn{c: c}
+	conn.readDeadline.init()
+	conn.writeDeadline.init()
+	return conn
+}
+
+// Read reads up to len(p) bytes of the stream. It returns io.EOF once the
+// peer has closed and every byte it wrote was read.
+func (c *Conn) Read(p []byte) (int, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if ctx := c.readDeadline.context(); ctx.Err() != nil { // as net's: even with bytes waiting
+		return 0, c.opError("read", ctx.Err(), ctx)
+	}
+	for len(c.rest) == 0 {
+		if c.msg != nil {
+			c.msg.Release()
+			c.msg = nil
+		}
+		if c.readErr != nil {
+			return 0, c.readErr
+		}
+		ctx := c.readDeadline.context()
+		m, err := c.c.RecvMessage(ctx)
+		if err != nil {
+			if err == io.EOF {
+				c.readErr = io.EOF
+				return 0, io.EOF
+			}
+			return 0, c.opError("read", err, ctx)
+		}
+		c.msg, c.rest = m, m.Payload
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+// Write writes p to the stream, in messages of up to 64 KiB, and returns
+// once every one is sent (the peer's receive buffers hold them).
+func (c *Conn) Write(p []byte) (int, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	written := 0
+	for written < len(p) {
+		n := min(len(p)-written, chunk)
+		ctx := c.writeDeadline.context()
+		if ctx.Err() != nil { // a passed deadline fails the call before it sends
+			return written, c.opError("write", ctx.Err(), ctx)
+		}
+		if err := c.c.Send(ctx, p[written:written+n]); err != nil {
+			return written, c.opError("write", err, ctx)
+		}
+		written += n
+	}
+	return written, nil
+}
+
+// Close closes the connection: the peer reads what was written, then
+// io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed.
+// Idempotent.
+func (c *Conn) Close() error {
+	err := c.c.Close() // a blocked Read returns, and leaves readMu
+	c.readDeadline.stop()
+	c.writeDeadline.stop()
+	// The message Read was taking bytes from holds registered memory.
+	c.readMu.Lock()
+	if c.msg != nil {
+		c.msg.Release()
+		c.msg, c.rest = nil, nil
+	}
+	c.readMu.Unlock()
+	if err != nil {
+		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	return nil
+}
+
+// LocalAddr is this side's address.
+func (c *Conn) LocalAddr() net.Addr { return c.c.LocalAddr() }
+
+// RemoteAddr is the peer's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.c.RemoteAddr() }
+
+// SetDeadline sets the read and write deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.readDeadline.set(t)
+	c.writeDeadline.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the deadline for pending and future Reads; the zero
+// time means none.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.set(t)
+	return nil
+}
+
+// SetWriteDeadline sets the deadline for pending and future Writes; the
+// zero time means none.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.writeDeadline.set(t)
+	return nil
+}
+
+// opError wraps err, the error of a call that waited on ctx, in a
+// *net.OpError. ctx is a deadline's, which ends only when the deadline
+// passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
+// the connection gives an error matching net.ErrClosed.
+func (c *Conn) opError(op string, err error, ctx context.Context) error {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		err = os.ErrDeadlineExceeded
+	}
+	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// Listener accepts rdmanet connections. It implements net.Listener.
+type Listener struct {
+	l      *msg.Listener
+	ctx    context.Context // ends with Close: Accept's
+	cancel context.CancelFunc
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen listens for rdmanet connections on addr.
+func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
+	l, err := msg.Listen(ctx, addr, msgOptions(opts)...)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	return &Listener{l: l, ctx: lctx, cancel: cancel}, nil
+}
+
+// Accept waits for the next connection; after Close it returns an error
+// matching net.ErrClosed.
+func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.l.Accept(l.ctx)
+	if err != nil {
+		if l.ctx.Err() != nil {
+			err = fmt.Errorf("rdmanet: listener closed: %w", net.ErrClosed)
+		}
+		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.Addr(), Err: err}
+	}
+	return newConn(c), nil
+}
+
+// Close stops listening; a blocked Accept returns. Accepted connections
+// are not affected.
+func (l *Listener) Close() error {
+	l.cancel()
+	return l.l.Close()
+}
+
+// Addr is the listening address.
+func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+
+// Dialer dials rdmanet connections with fixed options. Its DialContext has
+// the shape net/http's Transport.DialContext and grpc.WithContextDialer
+// take, so code written for TCP switches transport with one line.
+type Dialer struct {
+	Options []Option
+}
+
+// DialContext dials addr over RDMA. network is accepted for its shape
+// only: "tcp", "tcp4", "tcp6" or "rdma" all mean an RDMA connection to the
+// IP address and port in addr.
+func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6", "rdma":
+	default:
+		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
+	}
+	return Dial(ctx, addr, d.Options...)
+}
