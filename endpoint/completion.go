@@ -227,10 +227,12 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 
 // completionError is the error of a failed work completion. A failure
 // other than a flush has moved the QP to the error state: the connection
-// is over, and Done and Err say so.
+// is over, and Done and Err say so, unless Close caused it (some devices,
+// siw among them, fail the request in progress with a local error rather
+// than a flush when the connection is torn down).
 func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
-	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr}
-	if err.Status != StatusFlushed {
+	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr, closing: ep.closeStarted.Load()}
+	if err.Status != StatusFlushed && !err.closing {
 		ep.setDone(err)
 	}
 	return err

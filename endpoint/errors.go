@@ -53,11 +53,14 @@ func (s Status) String() string { return verbs.WCStatus(s).String() }
 
 // CompletionError is a work request the device completed with an error.
 // A flushed request (the QP went to the error state: Close, or the peer
-// left) also matches ErrClosed.
+// left) also matches ErrClosed, and so does one that failed after this
+// side's Close began, whatever its status.
 type CompletionError struct {
 	Op        Op
 	Status    Status
 	VendorErr uint32
+
+	closing bool // it failed after Close began
 }
 
 // Error names the operation and the device's status.
@@ -65,9 +68,10 @@ func (e *CompletionError) Error() string {
 	return fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
 }
 
-// Unwrap makes a flushed request match ErrClosed.
+// Unwrap makes a flushed request, or one that failed during Close, match
+// ErrClosed.
 func (e *CompletionError) Unwrap() error {
-	if e.Status == StatusFlushed {
+	if e.Status == StatusFlushed || e.closing {
 		return ErrClosed
 	}
 	return nil
