@@ -229,9 +229,10 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 // other than a flush has moved the QP to the error state: the connection
 // is over, and Done and Err say so, unless Close caused it (some devices,
 // siw among them, fail the request in progress with a local error rather
-// than a flush when the connection is torn down).
+// than a flush when the connection is torn down). ep.mu is held: Close
+// sets closing under it before it disconnects.
 func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
-	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr, closing: ep.closeStarted.Load()}
+	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr, closing: ep.closing}
 	if err.Status != StatusFlushed && !err.closing {
 		ep.setDone(err)
 	}

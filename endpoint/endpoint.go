@@ -101,10 +101,6 @@ type Endpoint struct {
 
 	peerData []byte // the peer's private data, set once before the endpoint is returned
 
-	// closeStarted is set when Close begins, before it disconnects: a work
-	// request that fails from then on failed because of the close.
-	closeStarted atomic.Bool
-
 	mu        sync.Mutex // posting, slots
 	closing   bool
 	sends     slotTable
@@ -450,7 +446,6 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // call returns the same result.
 func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {
-		ep.closeStarted.Store(true)
 		ep.mu.Lock()
 		ep.closing = true
 		ep.mu.Unlock()
