@@ -119,8 +119,11 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 			RetryCount: o.conn.retryCount, RNRRetryCount: o.conn.rnrRetryCount}
 		if !dev.IWARP {
 			err = id.Connect(param)
-		} else if err = connectBlocking(ctx, id, param, func() { ep.CloseAndDrain(nil) }); ctx.Err() != nil && err == ctx.Err() {
-			return nil, err // the connection is freed when the kernel gives up
+		} else {
+			var abandoned bool
+			if abandoned, err = connectBlocking(ctx, id, param, func() { ep.CloseAndDrain(nil) }); abandoned {
+				return nil, err // the connection is freed when the kernel gives up
+			}
 		}
 	}
 	var reply []byte
@@ -141,19 +144,20 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 // (about two minutes for a host that never answers). It runs in a goroutine
 // of its own so that Dial returns when ctx ends; if ctx ends first, that
 // goroutine calls abandon, which frees the connection, once the kernel
-// returns. (On InfiniBand and RoCE, rdma_connect only sends the request.)
-func connectBlocking(ctx context.Context, id *verbs.CMID, param verbs.ConnParam, abandon func()) error {
+// returns, and connectBlocking reports abandoned with ctx's error. (On
+// InfiniBand and RoCE, rdma_connect only sends the request.)
+func connectBlocking(ctx context.Context, id *verbs.CMID, param verbs.ConnParam, abandon func()) (abandoned bool, err error) {
 	done := make(chan error, 1)
 	go func() { done <- id.Connect(param) }()
 	select {
 	case err := <-done:
-		return err
+		return false, err
 	case <-ctx.Done():
 		go func() {
 			<-done
 			abandon()
 		}()
-		return ctx.Err()
+		return true, ctx.Err()
 	}
 }
 
