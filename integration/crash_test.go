@@ -65,24 +65,15 @@ func helperClient(ctx context.Context, rpcAddr, dataAddr, writeAddr string) erro
 		return err
 	}
 	// The descriptor's receive is posted before connecting: the server
-	// sends it at once (on iWARP a message that finds no receive ends the
-	// connection).
+	// sends it at once.
 	var pool *bufpool.Pool
-	var desc *bufpool.Buffer
-	ep, err := cm.Dial(ctx, writeAddr, cm.WithSetup(func(ep *endpoint.Endpoint) error {
-		var err error
-		if pool, err = bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(2)); err != nil {
-			return err
-		}
-		desc, _ = pool.TryGet()
-		return ep.PostRecv(nil, desc)
-	}))
+	ep, err := cm.Dial(ctx, writeAddr, receivesOnSetup(&pool, 4096, 2, 1))
 	if err != nil {
 		return err
 	}
 	c := <-ep.Completions()
 	var remote bufpool.Remote
-	if c.Err != nil || remote.UnmarshalBinary(desc.Bytes()[:c.Len]) != nil {
+	if c.Err != nil || remote.UnmarshalBinary(c.Buffer.Bytes()[:c.Len]) != nil {
 		return fmt.Errorf("no region descriptor: %v", c.Err)
 	}
 	fmt.Println("streaming")

@@ -14,25 +14,11 @@ import (
 // acceptEcho accepts one connection on l and echoes every message back
 // until the peer leaves; then it closes the endpoint, puts back the buffers
 // its completions return, and closes the pool: the order a user follows.
-// Its receives are posted before the connection is accepted (cm.WithSetup),
-// as a peer that sends at once needs: on iWARP a message that finds no
-// receive ends the connection.
+// Its receives are posted before the connection is accepted
+// (receivesOnSetup), as a peer that sends at once needs.
 func acceptEcho(ctx context.Context, l *cm.Listener, size, depth int) error {
 	var pool *bufpool.Pool
-	ep, err := l.Accept(ctx, cm.WithSetup(func(ep *endpoint.Endpoint) error {
-		var err error
-		if pool, err = bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(depth)); err != nil {
-			return err
-		}
-		for range depth {
-			b, _ := pool.TryGet()
-			if err := ep.PostRecv(nil, b); err != nil {
-				pool.Put(b)
-				return err
-			}
-		}
-		return nil
-	}))
+	ep, err := l.Accept(ctx, receivesOnSetup(&pool, size, depth, depth))
 	if err != nil {
 		if pool != nil {
 			pool.Close()

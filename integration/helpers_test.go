@@ -83,6 +83,30 @@ func closeAndDrain(t *testing.T, ep *endpoint.Endpoint) {
 	require.NoError(t, ep.CloseAndDrain(nil))
 }
 
+// receivesOnSetup is a cm.WithSetup that makes a pool of count buffers of
+// size on the new endpoint's protection domain, stores it in *pool, and
+// posts post of them as receives before the connection is made, so that a
+// peer sending at once finds them (on iWARP a message that finds no receive
+// ends the connection). If Dial or Accept then fails, cm puts the posted
+// buffers back; the caller closes *pool.
+func receivesOnSetup(pool **bufpool.Pool, size, count, post int) cm.HandshakeOption {
+	return cm.WithSetup(func(ep *endpoint.Endpoint) error {
+		p, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(count))
+		if err != nil {
+			return err
+		}
+		*pool = p
+		for range post {
+			b, _ := p.TryGet()
+			if err := ep.PostRecv(nil, b); err != nil {
+				p.Put(b)
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // newPool makes a message pool on ep's protection domain, closed at cleanup.
 func newPool(t *testing.T, ep *endpoint.Endpoint, size, count int) *bufpool.Pool {
 	t.Helper()

@@ -516,19 +516,7 @@ func TestAcceptingSideWaitsForTheDialer(t *testing.T) {
 	l, accepted := listenMsg(t, ctx, 1)
 	var pool *bufpool.Pool
 	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)),
-		cm.WithSetup(func(ep *endpoint.Endpoint) error {
-			var err error
-			if pool, err = bufpool.New(ep.PD(), bufpool.Size(4096), bufpool.Count(5)); err != nil {
-				return err
-			}
-			for range 4 {
-				b, _ := pool.TryGet()
-				if err := ep.PostRecv("recv", b); err != nil {
-					return err
-				}
-			}
-			return nil
-		}))
+		receivesOnSetup(&pool, 4096, 5, 4))
 	require.NoError(t, err)
 	defer pool.Close()
 	defer closeAndDrain(t, raw)
