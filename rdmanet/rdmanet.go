@@ -27,7 +27,8 @@ import (
 	"github.com/go-rdma/rdmacm/msg"
 )
 
-// chunk is the largest message a Write sends: a receive buffer's payload.
+// The msg connection under a Conn: recvDepth receive buffers of
+// bufferSize bytes, so a Write sends messages of up to chunk bytes.
 const (
 	bufferSize = 64 << 10
 	chunk      = bufferSize - msg.HeaderSize

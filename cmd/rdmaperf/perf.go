@@ -356,10 +356,11 @@ func bandwidth(ctx context.Context, p *peer, cfg config, remote bufpool.Remote, 
 	reqs := make([]endpoint.Request, batch)
 	for i := range reqs {
 		reqs[i] = endpoint.Request{Op: op, Buffer: buf, Length: cfg.size, Remote: remote}
-		if i < batch-1 && op == endpoint.OpRead {
-			reqs[i].Flags = endpoint.Unsignaled
-		} else if i < batch-1 {
+		if i < batch-1 {
 			reqs[i].Flags = endpoint.Silent
+			if op == endpoint.OpRead {
+				reqs[i].Flags = endpoint.Unsignaled
+			}
 		}
 		if cfg.test == "write_imm_bw" {
 			reqs[i].HasImm, reqs[i].Imm = true, uint32(i)
