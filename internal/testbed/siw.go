@@ -87,15 +87,9 @@ func EnsureSiw(k Kernel, logf func(string, ...any)) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(ko), 0o755); err != nil {
 		return "", err
 	}
-	data, err := os.ReadFile(built)
-	if err != nil {
-		return "", err
-	}
-	tmp := ko + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return "", err
-	}
-	return ko, os.Rename(tmp, ko)
+	// work is beside the kernel in the cache, on the same file system: a
+	// rename puts the finished module in place at once.
+	return ko, os.Rename(built, ko)
 }
 
 // ensureHeaders installs linux-headers-<version> (and with it kbuild and the
