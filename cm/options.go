@@ -103,7 +103,7 @@ func defaultConn() connOptions {
 }
 
 // The defaults bound a send the peer has no receive for: resent 6 times,
-// at least 20.48 ms apart, it fails after about 120 ms (with
+// at least 20.48 ms apart, it fails after a little over 120 ms (with
 // endpoint.StatusRNRRetryExc, ending the connection) instead of stalling
 // the queue for ever, as retry count 7 would. The bound is far above a
 // receiver's scheduling hiccups, so a peer that reposts its receives as
@@ -267,7 +267,7 @@ func WithRNRRetry(n int) Option {
 // here waits before sending it again (the QP's minimum RNR NAK timer,
 // rounded up to the next InfiniBand step; at most 655 ms; default
 // 20.48 ms, which with the default retry count bounds a send the peer
-// never posts a receive for at about 120 ms). perftest and rc_pingpong use
+// never posts a receive for at a little over 120 ms). perftest and rc_pingpong use
 // 0.64 ms, for the quickest recovery. See docs/DESIGN.md for why the
 // kernel CM's 655 ms default is not kept.
 func WithRNRTimer(d time.Duration) Option {

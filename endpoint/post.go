@@ -49,7 +49,7 @@ type Request struct {
 
 // PostSend sends the first n bytes of b. The peer must have a receive
 // posted: with none, the device resends it as cm.WithRNRRetry and the
-// peer's cm.WithRNRTimer say (by default 6 times over about 120 ms), then
+// peer's cm.WithRNRTimer say (by default 6 times, at least 20.48 ms apart), then
 // the send fails with StatusRNRRetryExc and the connection ends. Post
 // receives before the peer may send, or use package msg, whose credits
 // never let a message find no receive.

@@ -126,7 +126,7 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 
 // TestSendWithoutReceiveFailsInBoundedTime: with cm's defaults, a send the
 // peer never posts a receive for fails with StatusRNRRetryExc once the
-// retries are spent (about 120 ms), and the endpoint ends with that error,
+// retries are spent (at least 6 x 20.48 ms), and the endpoint ends with that error,
 // instead of the send waiting for ever (retry count 7).
 func TestSendWithoutReceiveFailsInBoundedTime(t *testing.T) {
 	ctx := testContext(t)
