@@ -425,6 +425,99 @@ func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	require.ErrorIs(t, client.Send(ctx, []byte("after Close")), msg.ErrClosed)
 }
 
+// TestMsgCloseWrite: a half-close. The client sends, then CloseWrite: the
+// server reads every message, then io.EOF (again on the next call), and
+// still sends replies the client reads, more than the client's receive
+// depth so that credits must keep flowing both ways; the client's sends
+// fail with ErrWriteClosed on a connection that is still up.
+//
+// Keepalives are off, so nothing but the credit rule moves credits: the
+// client receives only replies and credit messages, and the server, left
+// with the one credit it keeps for credit messages, would wait for ever if
+// the client granted only on reaching half its receives.
+func TestMsgCloseWrite(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	for i := range 3 {
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, client.CloseWrite())
+	require.NoError(t, client.CloseWrite(), "idempotent")
+	require.ErrorIs(t, client.Send(ctx, []byte("late")), msg.ErrWriteClosed)
+	for i := range 3 {
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, got)
+	}
+	for range 2 {
+		_, err := server.Recv(ctx)
+		require.Equal(t, io.EOF, err)
+	}
+	const replies = 20
+	go func() {
+		for i := range replies {
+			if err := server.Send(ctx, []byte{byte(i)}); err != nil {
+				t.Errorf("reply %d after the client's CloseWrite: %v", i, err)
+				return
+			}
+		}
+	}()
+	for i := range replies {
+		got, err := client.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []byte{byte(i)}, got)
+	}
+	require.NoError(t, client.Err())
+	require.NoError(t, server.Err())
+}
+
+// TestMsgCloseWriteHeldBehindRendezvous: a peer's end of data that
+// arrives while the READ of a rendezvous announced before it is still in
+// flight. A raw peer (a cm endpoint speaking the wire format) posts the
+// announcement of a 16 MiB region and its TypeCloseWrite back to back; the
+// reader gets the whole message first, then io.EOF.
+func TestMsgCloseWriteHeldBehindRendezvous(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, accepted := listenMsg(t, ctx, 1)
+	var rawRecvs *bufpool.Pool
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)),
+		receivesOnSetup(&rawRecvs, 4096, 4, 4)) // for the reader's credits and its done
+	require.NoError(t, err)
+	defer rawRecvs.Close()
+	defer closeAndDrain(t, raw)
+	srv := <-accepted
+	require.NotNil(t, srv)
+	defer srv.Close()
+
+	region, err := bufpool.NewRegion(raw.PD(), 16<<20, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	pattern(region.Bytes(), 9)
+	sends := newPool(t, raw, 64, 2)
+	announce, _ := sends.TryGet()
+	(&msg.Header{Type: msg.TypeRendezvous, Flags: msg.FlagRendezvous, Length: 28}).Encode(announce.Bytes())
+	// The announcement's payload, as frame.go lays it out.
+	info := announce.Bytes()[msg.HeaderSize:]
+	remote := region.Remote()
+	info[0] = byte(msg.TypeData)
+	binary.LittleEndian.PutUint64(info[4:], 1) // rendezvous id
+	binary.LittleEndian.PutUint64(info[12:], remote.Addr)
+	binary.LittleEndian.PutUint32(info[20:], remote.RKey)
+	binary.LittleEndian.PutUint32(info[24:], uint32(remote.Len))
+	eof, _ := sends.TryGet()
+	(&msg.Header{Type: msg.TypeCloseWrite}).Encode(eof.Bytes())
+	require.NoError(t, raw.PostSend(nil, announce, msg.HeaderSize+28))
+	require.NoError(t, raw.PostSend(nil, eof, msg.HeaderSize))
+
+	got, err := srv.Recv(ctx)
+	require.NoError(t, err, "the message announced before the end of data comes first")
+	require.True(t, bytes.Equal(region.Bytes(), got), "%d bytes", len(got))
+	_, err = srv.Recv(ctx)
+	require.Equal(t, io.EOF, err)
+}
+
 // TestMsgConnOneSided: messages and one-sided access on one connection.
 // The server registers a region on its Conn's PD and sends its descriptor
 // as a message; the client writes, reads and runs both atomics on it, and

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
@@ -111,4 +113,35 @@ func TestRdmanetHTTP(t *testing.T) {
 	}
 	require.NoError(t, srv.Shutdown(ctx))
 	require.ErrorIs(t, <-served, http.ErrServerClosed)
+}
+
+// TestRdmanetCloseWrite: half-close as with TCP. The client writes 1 MiB
+// and calls CloseWrite; the server echoes until io.EOF and then closes;
+// the client reads back every byte, then io.EOF. A Write after CloseWrite
+// fails with msg.ErrWriteClosed.
+func TestRdmanetCloseWrite(t *testing.T) {
+	rxetest.CheckResources(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	client := c1.(*rdmanet.Conn)
+	echoed := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c2, c2) // until the client's CloseWrite
+		echoed <- errors.Join(err, c2.Close())
+	}()
+	body := make([]byte, 1<<20)
+	pattern(body, 3)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := client.Write(body)
+		wrote <- errors.Join(err, client.CloseWrite())
+	}()
+	got, err := io.ReadAll(client) // ends with the server's Close: io.EOF
+	require.NoError(t, err)
+	require.NoError(t, <-wrote)
+	require.NoError(t, <-echoed)
+	require.True(t, bytes.Equal(body, got), "%d bytes back of %d", len(got), len(body))
+	_, err = client.Write([]byte("late"))
+	require.ErrorIs(t, err, msg.ErrWriteClosed)
 }

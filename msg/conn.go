@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -29,6 +30,10 @@ var ErrPeerSilent = errors.New("msg: the peer is silent")
 // ErrClosed. A peer that crashed or left without a goodbye ends the
 // connection with another error instead.
 var ErrPeerClosed = fmt.Errorf("msg: the peer closed the connection: %w", ErrClosed)
+
+// ErrWriteClosed refuses a message sent after CloseWrite. The connection is
+// still up: this side reads on, and credits and keepalives still flow.
+var ErrWriteClosed = errors.New("msg: the write side is closed")
 
 // goodbyeTimeout bounds how long Close waits for its goodbye (and the
 // messages before it) to leave.
@@ -88,6 +93,13 @@ type Conn struct {
 	granted, receivedTotal int
 	reading                int  // this side's RDMA READs and atomics on the peer's memory in flight
 	closing                bool // Close said goodbye: no message may follow it
+	// Half-close (CloseWrite): messages are refused from writeClosed on;
+	// the control loop sends the TypeCloseWrite owed (eofOwed) once no
+	// send that took a credit before it is still on its way to the queue
+	// (posting), so that it follows every message that was let through.
+	writeClosed atomic.Bool // set under mu; read without it too
+	eofOwed     bool
+	posting     int
 	// The dialer speaks first, as iWARP requires of the active side: it
 	// greets (greet, a credit message) as soon as the connection is up,
 	// and the accepting side sends nothing until it has heard it (mayTalk).
@@ -96,7 +108,15 @@ type Conn struct {
 
 	oneSidedSlots chan struct{} // one per one-sided operation in flight (maxOneSided)
 
-	inbox     chan *Message
+	inbox chan *Message
+	// The peer's half-close: run holds its TypeCloseWrite (heldEOF) while
+	// rendezvous reads announced before it are in flight (rvReads), then
+	// puts it in the inbox after their messages; the first RecvMessage to
+	// take it closes eof, and every RecvMessage after returns io.EOF.
+	rvReads   int      // run's own
+	heldEOF   *Message // run's own
+	eof       chan struct{}
+	eofOnce   sync.Once
 	done      chan struct{}
 	loopDone  chan struct{}
 	ctrlDone  chan struct{}
@@ -127,7 +147,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
-		inbox: make(chan *Message, o.recvDepth), done: make(chan struct{}),
+		inbox: make(chan *Message, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
 		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
@@ -390,8 +410,8 @@ func (c *Conn) repost(b *bufpool.Buffer) {
 func (c *Conn) grant() {
 	c.mu.Lock()
 	c.toGrant++
-	if c.toGrant >= c.grantAt {
-		c.signal() // the control goroutine may send a credit message
+	if c.creditsDue() {
+		c.signal() // for the control goroutine
 	}
 	c.mu.Unlock()
 }
@@ -421,22 +441,30 @@ func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 // RecvMessage returns the next message without copying it; Release it.
 // After the connection ended, messages that had arrived are still returned,
 // then its error: io.EOF when the peer closed in order (ErrPeerClosed).
+// After the peer's CloseWrite, every message it sent before is returned,
+// then io.EOF, while the connection stays up for this side's sends.
 func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 	select {
 	case m := <-c.inbox:
-		return m, nil
+		return c.taken(m)
+	case <-c.eof:
+		return nil, io.EOF
 	default:
 	}
 	select {
 	case m := <-c.inbox:
-		return m, nil
+		return c.taken(m)
+	case <-c.eof:
+		return nil, io.EOF
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-c.done:
 		<-c.loopDone // messages that arrived before the end are all in the inbox now
 		select {
 		case m := <-c.inbox:
-			return m, nil
+			return c.taken(m)
+		case <-c.eof:
+			return nil, io.EOF
 		default:
 			if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
 				return nil, err
@@ -444,6 +472,36 @@ func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 			return nil, io.EOF
 		}
 	}
+}
+
+// taken returns m, taken from the inbox, to RecvMessage's caller; the
+// peer's TypeCloseWrite is io.EOF instead, for this call and every later one.
+func (c *Conn) taken(m *Message) (*Message, error) {
+	if m.Type != TypeCloseWrite {
+		return m, nil
+	}
+	m.Release()
+	c.eofOnce.Do(func() { close(c.eof) })
+	return nil, io.EOF
+}
+
+// CloseWrite half-closes the connection: the peer reads every message sent
+// before it, then io.EOF, and later Sends fail with ErrWriteClosed. This
+// side still receives, and the connection stays up until Close (or the
+// peer's Close). It does not wait for the peer; if no credit is free, the
+// end of data leaves with the next one. Idempotent; after the connection
+// ended it returns the connection's error.
+func (c *Conn) CloseWrite() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	if !c.writeClosed.Swap(true) {
+		c.eofOwed = true
+		c.signal()
+	}
+	return nil
 }
 
 // waitFor waits until ready (called with c.mu held) holds, or the
@@ -473,6 +531,9 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 // send sends one message of type typ; control messages (credit, done) go
 // through sendControl.
 func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) error {
+	if c.writeClosed.Load() { // even after the connection ended, as a socket's EPIPE
+		return ErrWriteClosed
+	}
 	if len(payload) > c.maxInline {
 		return c.sendRendezvous(ctx, typ, id, payload)
 	}
@@ -502,16 +563,26 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	if typ == TypeRendezvous {
 		h.Flags = FlagRendezvous
 	}
-	if c.closing {
+	if c.closing || c.writeClosed.Load() {
 		c.mu.Unlock()
 		c.sendPool.Put(b)
-		return ErrClosed
+		if c.closing {
+			return ErrClosed
+		}
+		return ErrWriteClosed
 	}
 	c.takeCreditLocked(&h)
+	c.posting++
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
 	copy(b.Bytes()[HeaderSize:], payload)
-	return c.post(b, &h)
+	err = c.post(b, &h)
+	c.mu.Lock()
+	if c.posting--; c.posting == 0 && c.eofOwed {
+		c.signal() // the control loop may send the end of data now
+	}
+	c.mu.Unlock()
+	return err
 }
 
 // flush waits until every message posted so far has left this side (its

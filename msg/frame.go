@@ -30,10 +30,11 @@ const (
 	TypeRendezvous                     // a large payload is waiting in a region: RendezvousInfo
 	TypeRendezvousDone                 // the receiver has read the region; the sender may release it
 	TypeClose                          // the sender is closing: its last message (the reader's io.EOF)
+	TypeCloseWrite                     // the sender sends no more data but still reads (the reader's io.EOF)
 	typeLimit
 )
 
-var typeNames = [...]string{"", "data", "credit", "request", "response", "error", "rendezvous", "rendezvous-done", "close"}
+var typeNames = [...]string{"", "data", "credit", "request", "response", "error", "rendezvous", "rendezvous-done", "close", "close-write"}
 
 func (t Type) String() string {
 	if t > 0 && t < typeLimit {
@@ -106,7 +107,7 @@ func (h *Header) Decode(b []byte) error {
 		return fmt.Errorf("%w: header announces %d payload bytes, %d arrived", ErrMalformed, h.Length, len(b)-HeaderSize)
 	}
 	switch h.Type {
-	case TypeCredit, TypeRendezvousDone, TypeClose:
+	case TypeCredit, TypeRendezvousDone, TypeClose, TypeCloseWrite:
 		if h.Length != 0 {
 			return fmt.Errorf("%w: a %v message with %d payload bytes", ErrMalformed, h.Type, h.Length)
 		}

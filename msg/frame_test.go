@@ -31,6 +31,7 @@ func TestHeaderRejects(t *testing.T) {
 		"length short":  func() []byte { return append(good(), 0) },
 		"credit+bytes":  func() []byte { b := good(); b[1] = byte(TypeCredit); return b },
 		"close+bytes":   func() []byte { b := good(); b[1] = byte(TypeClose); return b },
+		"eof+bytes":     func() []byte { b := good(); b[1] = byte(TypeCloseWrite); return b },
 		"rendezvous sz": func() []byte { b := good(); b[1] = byte(TypeRendezvous); return b },
 	}
 	for name, mk := range cases {
@@ -46,6 +47,7 @@ func FuzzDecode(f *testing.F) {
 		{Type: TypeData, Length: 3},
 		{Type: TypeCredit, Credits: 8},
 		{Type: TypeClose},
+		{Type: TypeCloseWrite, Credits: 1},
 		{Type: TypeRequest, ID: 42, Length: 1},
 		{Type: TypeRendezvous, Flags: FlagRendezvous, Length: rendezvousInfoSize},
 	} {

@@ -57,7 +57,15 @@ func (c *Conn) run() {
 			c.dones = append(c.dones, rr.info.RVID)
 			c.signal()
 			c.mu.Unlock()
+			if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
+				c.inbox <- c.heldEOF // after every message announced before it
+				c.heldEOF = nil
+			}
 		}
+	}
+	if c.heldEOF != nil { // a rendezvous read before it failed
+		c.recvPool.Put(c.heldEOF.buf)
+		c.heldEOF = nil
 	}
 	c.fail(c.endError(ErrClosed)) // the endpoint is gone (closed here, or the peer left)
 }
@@ -92,7 +100,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		c.mayTalk = true
 		c.signal()
 	}
-	if h.Credits > 0 {
+	if h.Credits > 0 || c.creditsDue() { // sends may go, or the peer is starving
 		c.credits += int(h.Credits)
 		c.signal()
 	}
@@ -106,6 +114,15 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		c.peerClosed = true
 		c.mu.Unlock()
 		c.recvPool.Put(b)
+	case TypeCloseWrite:
+		// The reader's io.EOF, once the messages before it are read. Its
+		// buffer (a credit) goes back when RecvMessage takes it.
+		m := &Message{Type: h.Type, c: c, buf: b}
+		if c.rvReads > 0 {
+			c.heldEOF = m
+		} else {
+			c.inbox <- m
+		}
 	case TypeRendezvousDone:
 		c.mu.Lock()
 		p, ok := c.rvSend[h.ID]
@@ -141,6 +158,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 			c.mu.Unlock()
 			return err
 		}
+		c.rvReads++
 	default:
 		c.inbox <- &Message{Type: h.Type, ID: h.ID, Payload: b.Bytes()[HeaderSize:n], c: c, buf: b}
 	}
@@ -189,7 +207,8 @@ func (c *Conn) controlLoop() {
 			c.fail(silent)
 			return
 		}
-		owed := c.mayTalk && !c.closing && (c.greet || len(c.dones) > 0 || c.toGrant >= c.grantAt ||
+		eofDue := c.eofOwed && c.posting == 0
+		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 ||
 			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive)
 		var b *bufpool.Buffer
 		if owed && c.credits >= 1 {
@@ -206,9 +225,13 @@ func (c *Conn) controlLoop() {
 		}
 		h := Header{Type: TypeCredit}
 		c.greet = false
-		if len(c.dones) > 0 {
+		switch {
+		case len(c.dones) > 0:
 			h = Header{Type: TypeRendezvousDone, ID: c.dones[0]}
 			c.dones = c.dones[1:]
+		case eofDue:
+			h = Header{Type: TypeCloseWrite}
+			c.eofOwed = false
 		}
 		c.takeCreditLocked(&h)
 		c.mu.Unlock()
@@ -218,6 +241,18 @@ func (c *Conn) controlLoop() {
 		}
 	}
 }
+
+// creditsDue says a credit message is owed; c.mu is held. It is when half
+// the receives were reposted, or at once when the peer is down to the one
+// credit it keeps for credit messages: it may be waiting to send, and the
+// reposts of a side that receives only credit messages never reach half.
+func (c *Conn) creditsDue() bool {
+	return c.toGrant >= c.grantAt || c.toGrant > 0 && c.peerCredits() <= 1
+}
+
+// peerCredits is how many messages the peer may send at most (fewer if
+// some are on their way); c.mu is held.
+func (c *Conn) peerCredits() int { return c.o.recvDepth + c.granted - c.receivedTotal }
 
 // checkSilence is the keepalive rule; c.mu is held. The peer sends at
 // least every keepalive interval while it has a credit, so silence longer
@@ -247,8 +282,7 @@ func (c *Conn) checkSilence(now time.Time) error {
 		}
 	}
 	c.lastCheck = now
-	peerCredits := c.o.recvDepth + c.granted - c.receivedTotal
-	if peerCredits < 1 || len(c.rvSend) > 0 || c.reading > 0 {
+	if c.peerCredits() < 1 || len(c.rvSend) > 0 || c.reading > 0 {
 		c.lastRecv = now
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime/debug"
 	"sync"
@@ -72,6 +73,9 @@ func (cl *Client) run() {
 	for {
 		m, err := cl.c.RecvMessage(ctx)
 		if err != nil {
+			if err == io.EOF { // the server half-closed: no response will come
+				cl.c.fail(fmt.Errorf("msg: the server sends no more responses: %w", ErrPeerClosed))
+			}
 			return
 		}
 		if m.Type != TypeResponse && m.Type != TypeError {

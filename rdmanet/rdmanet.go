@@ -5,8 +5,9 @@
 // A Conn is a msg connection underneath: writes travel as messages of up to
 // 64 KiB (coalesced by nothing but the caller's Write sizes), flow control
 // is msg's credits (a slow reader never causes a receiver-not-ready), and
-// Close says goodbye, so the peer's Read returns io.EOF after the last byte;
-// a peer that crashed gives an error instead.
+// Close says goodbye, so the peer's Read returns io.EOF after the last byte
+// (CloseWrite does the same for one direction); a peer that crashed gives
+// an error instead.
 //
 // Deadlines follow net.Conn: a passed deadline fails pending and future
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
@@ -156,6 +157,17 @@ func (c *Conn) Close() error {
 	}
 	c.readMu.Unlock()
 	if err != nil {
+		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	return nil
+}
+
+// CloseWrite shuts down the writing side, as *net.TCPConn's does: the peer
+// reads every byte written before it, then io.EOF, while this side reads on.
+// Later Writes fail with an error matching msg.ErrWriteClosed. Close still
+// has to be called.
+func (c *Conn) CloseWrite() error {
+	if err := c.c.CloseWrite(); err != nil {
 		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
 	return nil
