@@ -214,7 +214,7 @@ func TestManyEndpointsOneListener(t *testing.T) {
 	defer l.Close()
 	const msgs = 20
 	clients := 16
-	if rxetest.Device() == "siw0" {
+	if rxetest.FewQueuesPerProcess() {
 		clients = 8
 	}
 	var servers sync.WaitGroup

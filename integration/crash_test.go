@@ -46,6 +46,8 @@ func runHelper(role string) int {
 		err = helperClient(ctx, args[0], args[1], args[2])
 	case "server":
 		err = helperServer(ctx, args[0])
+	case "rdmanet-writer":
+		err = helperRdmanetWriter(ctx, args[0])
 	default:
 		err = fmt.Errorf("unknown helper role %q", role)
 	}

@@ -54,7 +54,7 @@ func TestLoad64Connections(t *testing.T) {
 	rxetest.CheckResources(t)
 	const msgs, size = 2500, 64
 	conns := 64
-	if rxetest.Device() == "siw0" {
+	if rxetest.FewQueuesPerProcess() {
 		conns = 12
 	}
 	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithRecvDepth(16), msg.WithBufferSize(256))

@@ -81,6 +81,18 @@ func IWARP() bool {
 	return strings.HasPrefix(string(nodeType), "4:")
 }
 
+// FewQueuesPerProcess reports whether the device refuses many queues per
+// process: soft-iWARP maps every QP and CQ into the process and stops at
+// about 144 pages of them (its 37th CQ fails beside 36 QPs of msg's size),
+// so tests that hold both sides of many connections in one process hold
+// fewer there.
+func FewQueuesPerProcess() bool { return Device() == "siw0" }
+
+// ChecksRemoteReadRight reports whether the device refuses an RDMA READ of
+// a region not registered for remote read. soft-iWARP does not check it
+// (hardware iWARP NICs do).
+func ChecksRemoteReadRight() bool { return Device() != "siw0" }
+
 // Device is the RDMA device name tests run on, for logs.
 func Device() string {
 	if d := os.Getenv("RDMACM_TEST_DEVICE"); d != "" {
