@@ -1,0 +1,26 @@
+// Command rdmacat is netcat over RDMA: standard input to an rdmanet
+// connection, the connection to standard output.
+//
+//	rdmacat -l 10.0.0.1:7000 > copy.iso       # receive
+//	rdmacat -p 10.0.0.1:7000 < disk.iso       # send, with a progress line
+//
+// At the end of its input it half-closes, so the peer sees end of file,
+// and exits once the peer has closed as well. The other side may be
+// another rdmacat or any program using package rdmanet.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-rdma/rdmacm/internal/rdmacat"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := rdmacat.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

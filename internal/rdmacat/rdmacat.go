@@ -1,0 +1,184 @@
+// Package rdmacat is the command rdmacat: netcat over an rdmanet
+// connection. It lives here rather than in cmd/rdmacat so that the device
+// tests run the command's own code in process.
+package rdmacat
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-rdma/rdmacm/rdmanet"
+)
+
+const usage = `usage: rdmacat [-p] [-v] host:port       connect
+       rdmacat -l [-p] [-v] host:port    listen, serve one connection
+
+Standard input goes to the connection and the connection to standard
+output. At the end of standard input rdmacat half-closes (the peer reads
+io.EOF) and goes on reading until the peer closes too.
+`
+
+// Main runs rdmacat with args (without the program name) and returns its
+// exit status: 0 when both directions ended in order, 1 on an error, 2 on
+// bad usage. It stops when ctx ends.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rdmacat", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	listen := fs.Bool("l", false, "listen on host:port and serve one connection")
+	progress := fs.Bool("p", false, "show bytes and rates on stderr, every second and at the end")
+	verbose := fs.Bool("v", false, "say on stderr where it listens and whom it is connected to")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	addr := fs.Arg(0)
+	logf := func(format string, a ...any) {
+		if *verbose {
+			fmt.Fprintf(stderr, "rdmacat: "+format+"\n", a...)
+		}
+	}
+	conn, err := connect(ctx, *listen, addr, logf)
+	if err != nil {
+		fmt.Fprintln(stderr, "rdmacat:", err)
+		return 1
+	}
+	logf("connected: %v -> %v", conn.LocalAddr(), conn.RemoteAddr())
+	var c counters
+	if *progress {
+		stop := c.report(stderr)
+		defer stop()
+	}
+	if err := cat(ctx, conn, stdin, stdout, &c); err != nil {
+		fmt.Fprintln(stderr, "rdmacat:", err)
+		return 1
+	}
+	return 0
+}
+
+// connect dials addr, or listens on it and accepts one connection.
+func connect(ctx context.Context, listen bool, addr string, logf func(string, ...any)) (*rdmanet.Conn, error) {
+	if !listen {
+		return rdmanet.Dial(ctx, addr)
+	}
+	l, err := rdmanet.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	logf("listening on %v", l.Addr())
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	c, err := l.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return c.(*rdmanet.Conn), nil
+}
+
+// copyBuffer is each direction's buffer: several of rdmanet's messages per
+// Write, and Reads that take whole messages.
+const copyBuffer = 256 << 10
+
+// cat copies stdin to conn (then half-closes it) and conn to stdout, until
+// both directions ended, and closes conn. The first error ends both.
+func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Writer, c *counters) error {
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if _, err := io.CopyBuffer(countingWriter{conn, &c.sent}, stdin, make([]byte, copyBuffer)); err != nil {
+			errs[0] = fmt.Errorf("sending: %w", err)
+			conn.Close() // the other direction ends too
+			return
+		}
+		if err := conn.CloseWrite(); err != nil {
+			errs[0] = fmt.Errorf("half-closing: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if _, err := io.CopyBuffer(countingWriter{stdout, &c.received}, conn, make([]byte, copyBuffer)); err != nil {
+			errs[1] = fmt.Errorf("receiving: %w", err)
+			conn.Close()
+		}
+	}()
+	wg.Wait()
+	closeErr := conn.Close()
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return err
+	}
+	return closeErr
+}
+
+// counters are the bytes moved each way.
+type counters struct{ sent, received atomic.Int64 }
+
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (cw countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.n.Add(int64(n))
+	return n, err
+}
+
+// report writes a progress line to w every second, rewriting it in place,
+// until the returned stop, which writes the final line.
+func (c *counters) report(w io.Writer) (stop func()) {
+	start := time.Now()
+	line := func(end string) {
+		secs := max(time.Since(start).Seconds(), 1e-9)
+		sent, received := c.sent.Load(), c.received.Load()
+		fmt.Fprintf(w, "\rrdmacat: sent %s (%s/s), received %s (%s/s) in %.1f s%s",
+			size(sent), size(int64(float64(sent)/secs)), size(received), size(int64(float64(received)/secs)), secs, end)
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				line("")
+			case <-done:
+				line("\n")
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// size formats n in binary units.
+func size(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
