@@ -7,7 +7,7 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe test-siw test-examples test-fuzz test-wire demo bench clean
+.PHONY: all deps build vet test test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wire demo bench clean
 
 # staticcheck comes through the Go module proxy at a pinned version.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -17,13 +17,19 @@ all: build
 deps:
 	@./scripts/deps.sh
 
+# examples/grpc is a module of its own (the library's go.mod does not
+# require grpc); its go.mod points at this repository.
+GRPC_EXAMPLE := examples/grpc
+
 build: deps
 	$(GO) build ./...
 	$(GO) build -o bin/ ./cmd/... ./examples/...
+	cd $(GRPC_EXAMPLE) && $(GO) build -o $(CURDIR)/bin/grpc .
 
 vet: deps
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd $(GRPC_EXAMPLE) && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 
@@ -51,10 +57,10 @@ test-siw: build
 test-wire: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -guests 2' ./integration/wire
 
-# The runnable godoc examples of msg, endpoint and bufpool (their output
-# checked) on rxe0; on a host without a device they skip.
+# The runnable godoc examples of msg, endpoint, bufpool and rdmanet (their
+# output checked) on rxe0; on a host without a device they skip.
 test-examples: build
-	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -run '^Example' -exec $(RXEVM) ./msg ./endpoint ./bufpool
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -run '^Example' -exec $(RXEVM) ./msg ./endpoint ./bufpool ./rdmanet
 
 # FuzzPostRequest fuzzing on rxe0 (20,000 inputs, about 15 s): arbitrary
 # endpoint.Requests on a real connection. The engine's cache stays in the
@@ -69,7 +75,11 @@ test-fuzz: build
 	cd integration && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -w $(CURDIR)/integration $(CURDIR)/bin/integration.fuzz \
 	  -test.run '^$$' -test.fuzz '^FuzzPostRequest$$' -test.fuzztime 20000x -test.parallel 1 -test.fuzzcachedir /var/tmp/fuzz
 
-test: vet test-host test-rxe test-siw test-examples test-fuzz test-wire
+# grpc-go over rdmanet (examples/grpc's tests) on rxe0.
+test-grpc: build
+	cd $(GRPC_EXAMPLE) && RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./...
+
+test: vet test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wire
 
 # The echo server and client, then the RPC server and client, over rxe0 (in
 # the testbed guest when this host has no RDMA device).

@@ -254,8 +254,9 @@ func (l *Listener) Close() error {
 func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 
 // Dialer dials rdmanet connections with fixed options. Its DialContext has
-// the shape net/http's Transport.DialContext and grpc.WithContextDialer
-// take, so code written for TCP switches transport with one line.
+// the shape of net/http's Transport.DialContext (and net.Dialer's), so code
+// written for TCP switches transport with one line. (gRPC's
+// WithContextDialer takes a function of ctx and addr: wrap Dial in one.)
 type Dialer struct {
 	Options []Option
 }

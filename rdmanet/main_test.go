@@ -1,0 +1,14 @@
+package rdmanet_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// TestMain skips the examples that need an RDMA device where there is none.
+func TestMain(m *testing.M) {
+	rxetest.SkipExamplesWithoutDevice("^Example_http$")
+	os.Exit(m.Run())
+}
