@@ -28,11 +28,12 @@ import (
 	"github.com/go-rdma/rdmacm/msg"
 )
 
-// The msg connection under a Conn: recvDepth receive buffers of
-// bufferSize bytes, so a Write sends messages of up to chunk bytes.
+// The msg connection under a Conn: recvDepth receive buffers, each a
+// header and chunk bytes, so a Write sends messages of up to 64 KiB (a
+// 64 KiB Write, the common buffer size, is one message).
 const (
-	bufferSize = 64 << 10
-	chunk      = bufferSize - msg.HeaderSize
+	chunk      = 64 << 10
+	bufferSize = msg.HeaderSize + chunk
 	recvDepth  = 32
 )
 

@@ -61,7 +61,28 @@ type compareSet struct {
 	repeat int
 }
 
-var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat"}
+var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
+	"stream_bw", "stream_lat"}
+
+// streamSizes are the stream tests' sizes, the issue's: 64 KiB writes for
+// bandwidth, 64 B ping-pong for latency; the verbs tests run every size.
+var streamSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}}
+
+// anchor runs the C tool a test is compared with: perftest's for the
+// verbs tests, rstream (rsockets) for rdmanet's stream tests.
+func anchor(ctx context.Context, test, device, host string, port, size, iters int, lat bool) (float64, error) {
+	if _, ok := streamSizes[test]; ok {
+		return runRstream(ctx, test, host, port, size, iters)
+	}
+	tool, ok := perftestTool[test]
+	if !ok {
+		return 0, errNoAnchor
+	}
+	return runPerftest(ctx, tool, device, host, port, size, iters, lat)
+}
+
+// errNoAnchor: no C tool measures the test (write_imm_bw).
+var errNoAnchor = fmt.Errorf("no C tool to compare with")
 
 // testDevice is the RDMA device under test, as the testbed names it
 // (RDMACM_TEST_DEVICE): rxe0 or siw0.
@@ -109,24 +130,27 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		if lat {
 			polls = []string{"busy", "hybrid", "event"}
 		}
-		for _, size := range set.sizes {
+		sizes := set.sizes
+		if s, ok := streamSizes[test]; ok {
+			sizes = s
+		}
+		for _, size := range sizes {
 			iters := defaultIters(test, size)
 			var pts []float64
 			var ptRNR int64
 			ours := make(map[string][]float64)
 			oursRNR := make(map[string]int64)
 			perftest := func() {
-				tool, ok := perftestTool[test]
-				if !ok {
-					return
-				}
 				// perftest itself sometimes hangs on rxe under TCG; its
 				// run is then left out (n/a when no run finished).
 				rnr := rnrDelta(device)
-				pt, err := runPerftest(ctx, tool, device, host, nextPort(), size, iters, lat)
+				pt, err := anchor(ctx, test, device, host, nextPort(), size, iters, lat)
 				ptRNR += rnr()
+				if err == errNoAnchor {
+					return
+				}
 				if err != nil {
-					fmt.Fprintf(os.Stderr, "rdmaperf: %s %d B failed, its figure is left out: %v\n", tool, size, err)
+					fmt.Fprintf(os.Stderr, "rdmaperf: the C tool for %s %d B failed, its figure is left out: %v\n", test, size, err)
 					return
 				}
 				pts = append(pts, pt)
@@ -329,7 +353,10 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 		host, strings.TrimSpace(string(kernel)), runtime.NumCPU(), cpu)
 	b.WriteString("Bandwidth is BW average in MiB/s (perftest's MB/sec; higher is better, ratio = ours / perftest). " +
 		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
-		"perftest busy-polls; ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps). ")
+		"perftest busy-polls; ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps). " +
+		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets, its default " +
+		"non-blocking mode) in the perftest columns, in rstream's shape: 64 KiB writes one way then back, and a 64 B ping-pong; " +
+		"bandwidth counts both directions, latency is the average time per transfer. ")
 	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate. "+
 		"The last two columns are the lowest and highest run of each side: where they overlap, "+
 		"the ratio is within this machine's noise.\n\n", repeat)
@@ -337,7 +364,6 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 	b.WriteString(rnrNote(rows))
 	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
 		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
-	b.WriteString(readingTheTable)
 	if old, err := os.ReadFile(path); err == nil {
 		if i := strings.Index(string(old), keptSection); i >= 0 {
 			b.WriteString(string(old[i:]))
@@ -398,9 +424,10 @@ func writeDeviceSection(path, device string, rows []row, rpc result, repeat int)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// keptSection starts BENCHMARKS.md's hand-kept part (figures of earlier
-// runs and of other tools), which writeMarkdown carries over as it is.
-const keptSection = "\n## Earlier runs and other measurements\n"
+// keptSection starts BENCHMARKS.md's hand-kept part (what the figures
+// mean, earlier runs, other tools' figures), which writeMarkdown carries
+// over as it is.
+const keptSection = "\n## Reading the table\n"
 
 // rnrNote lists the rows during whose runs the device counted RNR NAKs.
 func rnrNote(rows []row) string {
@@ -417,86 +444,3 @@ func rnrNote(rows []row) string {
 	}
 	return what + strings.Join(hit, "; ") + ".\n"
 }
-
-// readingTheTable explains the gaps; it holds for the shape of the figures
-// this tool has produced on rxe under TCG, not for any one run.
-const readingTheTable = `
-## Reading the table
-
-- Latency with busy and hybrid polling waits in ` + "`Endpoint.Next`" + `, which polls the CQ in the
-  caller's goroutine and takes the completion it found without a channel; a post of a receive
-  and a send together (` + "`PostBatch`" + `) is one cgo crossing. What is left at 64 B is the Go
-  path itself under emulation. Measured on 2026-11-22 in one guest boot: perftest 12.4-13.8 µs
-  one way; a Go loop calling the same verbs through cgo (post, spin on ibv_poll_cq; no library)
-  15.7 µs; C alone 13.0-15.8 µs; this library 18-20 µs. A cgo crossing costs about 0.4 µs in
-  the guest (20 ns on the host) and a post or a poll through the library 1-2 µs of Go on top.
-  Closing more of it needs polling that does not cross into C (reading the provider's CQ ring,
-  which ties the code to one provider) or fewer Go instructions per message. A profile of our
-  send_lat 64 B client (` + "`perf record -g`" + ` in the guest, 2026-11-23 08:45 UTC): the Go
-  runtime's cgo transitions (entersyscall, exitsyscall, cgocall, asmcgocall) took 4.6% of its
-  samples and the poll itself (go_poll_cq) 1.9%, no other Go function above 1%; 11% were the
-  kernel switching threads, 4.5% of them the runtime's sysmon sleeping and waking. Ruled out
-  the same day (send_lat 64 B busy, 4 alternating rounds of 10000 iterations in one boot each,
-  a slow stretch): a spinning Next that never yields (no runtime.Gosched, which wakes an idle
-  thread) gave 26.3-35.8 µs against 26.0-29.8 with the yield (perftest 19.0-20.2), and
-  GOMAXPROCS=1 on both sides 28.2-35.4 against 17.4-38.2 with 2 (perftest 18.9-23.8).
-- Event polling (the default) pays a sleep and a wake-up through Go's netpoller for every
-  completion that finds the completion goroutine asleep: in ping-pong latency that is every
-  message. In one boot (2026-11-22 22:31 UTC, 3 alternating rounds of 3000 iterations at 64 B)
-  perftest's own event mode (` + "`ib_send_lat -e`" + `) took 74-99 µs one way and ours 316-397 µs;
-  GOMAXPROCS=1 did not change ours (343-390 µs). ` + "`perf stat`" + ` on our client counted about 6.6
-  context switches, 2.9 futex calls and 2.3 nanosleeps of the runtime's sysmon per round trip:
-  the completion goroutine wakes on the netpoller, its first call into C wakes sysmon, and the
-  Completion it hands over wakes the goroutine in ` + "`Next`" + `, often on another thread.
-  perftest's thread is woken once. What would close part of it: ` + "`Next`" + ` in event mode waiting
-  on the completion channel itself, so that one goroutine wakes instead of two.
-- Bandwidth at 1 MiB is at perftest's or above (rxe's copying and checksumming are the
-  bound). At 64 KiB the ratio moves from run to run more than between settings, and most
-  of that is perftest's own spread: over 4 boots on 2026-11-23 (01:00-01:40 UTC, send_bw
-  64 KiB, busy, perftest and ours alternating, 5000 messages unless said) perftest's runs gave
-  46-75 MiB/s and ours 50-71. In the quietest boot perftest gave 66-74 (8 runs) and ours 66-71
-  (8 runs): medians 0.93x, and 0.94x with each side pinned to its own CPU (` + "`taskset`" + `);
-  in another, with 15000 messages, 0.93x and 0.95x. rxe's hardware counters
-  (/sys/class/infiniband/rxe0/ports/1/hw_counters) rose alike for both tools: 1-2 retransmit
-  timeouts (completer_retry_err) and 1-31 duplicate requests per 5000 messages, so loss on the
-  loopback costs both the same. Our QPs keep the CM's ack timeout: perftest's -u default (14,
-  67 ms) made ours retransmit 66-81 times per run and fall to 40-61 MiB/s, because 128
-  messages of 64 KiB queued behind one another take longer than that to be acknowledged here.
-  A system-wide profile (` + "`perf record -a`" + `, read_bw 64 KiB, busy, one boot): rxe does the
-  protocol work in the kernel, in the context of the thread that rings the doorbell, and the
-  loopback hands every packet to the softirq of the same CPU, so 47% of our samples are
-  kernel code in our client thread, 2% our Go code and 49% the idle loop of the other CPU.
-  For send_bw 64 KiB (same tool, 01:25 UTC): rxe's checksumming and copying took 33% of
-  perftest's samples and 36% of ours, thread switches 1.2% and 2.4%, and the rest is each
-  side spinning on its CQ (perftest in librxe's lock, ours also going in and out of C). What
-  is ours to spend is the CPU time the Go runtime's other threads take from rxe's: GOMAXPROCS=1
-  beat the default in 5 of 5 alternating send_bw 64 KiB pairs in one boot (64-72 against 53-67
-  MiB/s) but in only 2 of 4 in another, 2 of 4 in a third and 6 of 12 (send, write and read
-  at 64 KiB, 4 each) in a fourth, which this machine's noise does not let us settle. read_bw
-  64 KiB moved no rxe counter in 3 alternating rounds (2026-11-23 01:32 UTC) while perftest
-  gave 45-73 MiB/s and ours 51-66; 8 reads per post instead of 64 gave 51-56. Depth 16-256, 1-64 requests per post, and 16 or 128 reads in flight
-  (` + "`cm.WithReadDepth`" + `, perftest asks for the device's 128) showed no difference beyond that
-  noise. Telling a 5% gap from this noise needs many more runs than a ` + "`make bench`" + ` fits in
-  the guest's 20 minutes.
-- Message rate at 64 B depends on requests per post: each post is a crossing and a doorbell
-  (a syscall on rxe), and one completion stands for a post (perftest's cq_mod is 100). With 16
-  per post send_bw measured 0.69-0.99x perftest, with 32 0.77-1.16x, with 64 (the default)
-  0.86-0.99x and above 32 in 4 of 5 alternating pairs. Where the time goes (` + "`perf record -a`" + `,
-  send_bw 64 B, busy, one boot): perftest 43% kernel, 22% librxe, 14% libc, 11% its own code;
-  ours 42% kernel, 31% Go (of which going in and out of C about 6% and ` + "`go_poll_cq`" + ` 4.5%),
-  12% librxe, 8% libc, and 4% switching between the runtime's threads, which perftest's top
-  symbols do not show. RDMA read at 64 B is above perftest's (1.1-1.7x; not looked into).
-  Send at 64 B also meets receivers not ready (RNR), which write and read cannot: in 8 rounds
-  of send_bw 64 B busy, 20000 messages, on 2026-11-23 (09:20 UTC, two boots) the device counted
-  RNR NAKs in 4 of our 8 runs (1-5 each) with 512 receives posted, perftest's default, in none
-  of 8 with 4096, and in none of perftest's 16 with either. Loopback rxe consumes the server's
-  receives in the client's own context, so a server that stops for longer than 512 messages
-  (about 15 ms here) runs dry; ours did so and perftest's did not (no garbage collection ran:
-  GODEBUG=gctrace=1). The figures spread too widely (1.14-2.38 MiB/s) to show what an RNR
-  costs, so the depth stays perftest's and the table counts them (above).
-- The kernel's CM leaves a QP's RNR timer at 655 ms; on rxe a message that found no receive
-  posted then stalled the run for ~0.7 s (send_bw 64 B fell to 0.9 MiB/s in runs that hit one).
-  cm sets 0.64 ms (` + "`cm.WithRNRTimer`" + `), as perftest and rc_pingpong do.
-- perftest's own figures move between runs and boots (ib_send_lat at 64 B: 10.6-21.6 µs over
-  the runs of 2026-11-22 and 23), hence the medians of alternating runs; compare ratios within one table.
-`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,7 +60,7 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 	assert.Contains(t, string(md), "| read_bw | 65536 | busy | 52.52 | 62.26 | 1.19 | 44.86-72.99 | 51.17-66.41 |\n")
 	assert.Contains(t, string(md), "| write_imm_bw | 64 | busy | n/a | 1.93 | n/a | n/a | 1.93-1.93 |\n")
 	assert.Contains(t, string(md), "during a row's runs, summed: none.\n")
-	assert.True(t, strings.HasSuffix(string(md), readingTheTable))
+	assert.True(t, strings.HasSuffix(string(md), "(bench.png)\n"), "the generated part ends with the chart")
 }
 
 // A new make bench rewrites its table and keeps the hand-kept section.
@@ -145,4 +146,19 @@ func TestIWARPRunsNoImmediateData(t *testing.T) {
 	assert.Len(t, deviceTests(), len(compareTests)-1)
 	t.Setenv("RDMACM_TEST_TRANSPORT", "roce")
 	assert.Equal(t, compareTests, deviceTests())
+}
+
+// TestParseRstream reads the result line of rstream's custom mode, laid out
+// as rstream.c's show_perf prints it.
+func TestParseRstream(t *testing.T) {
+	out := fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8s %10s%13s\n", "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer") +
+		fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8.2fs%10.2f%11.2f\n", "custom", "64k", "2k", "1", "256m", 1.25, 1.72, 305.12)
+	lat, err := parseRstream(out, true)
+	require.NoError(t, err)
+	require.InDelta(t, 305.12, lat, 1e-9)
+	bw, err := parseRstream(out, false)
+	require.NoError(t, err)
+	require.InDelta(t, 1.72e9/8/(1<<20), bw, 1e-6)
+	_, err = parseRstream("rstream: connection refused\n", true)
+	require.Error(t, err)
 }

@@ -212,7 +212,7 @@ func printResult(r result) {
 			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999)
 		return
 	}
-	if r.BW > 0 {
+	if r.BW > 0 && !strings.HasSuffix(r.Test, "_lat") { // stream_lat reports both
 		fmt.Printf("%-12s %8d B %8d iters  BW average %9.2f MiB/s  MsgRate %.6f Mpps\n", r.Test, r.Size, r.Iters, r.BW, r.MsgRate)
 		return
 	}

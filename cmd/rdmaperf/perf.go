@@ -118,8 +118,11 @@ func testRegion(p *peer, cfg config, client bool) (*bufpool.Region, bufpool.Remo
 
 // serve accepts one connection and plays the passive side of cfg.test.
 func serve(ctx context.Context, cfg config) error {
-	if cfg.test == "rpc" {
+	switch cfg.test {
+	case "rpc":
 		return serveRPC(ctx, cfg)
+	case "stream_bw", "stream_lat":
+		return serveStream(ctx, cfg)
 	}
 	l, err := cm.Listen(ctx, cfg.addr)
 	if err != nil {
@@ -291,8 +294,11 @@ func untilDone(ctx context.Context, ep *endpoint.Endpoint) (context.Context, con
 
 // runClient connects and measures cfg.test.
 func runClient(ctx context.Context, cfg config) (result, error) {
-	if cfg.test == "rpc" {
+	switch cfg.test {
+	case "rpc":
 		return rpcClient(ctx, cfg)
+	case "stream_bw", "stream_lat":
+		return streamClient(ctx, cfg)
 	}
 	var p peer
 	var err error
