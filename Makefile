@@ -81,10 +81,10 @@ test-grpc: build
 
 test: vet test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wire
 
-# The echo server and client, then the RPC server and client, over rxe0 (in
+# The echo, RPC and gRPC servers and clients, one after the other, over rxe0 (in
 # the testbed guest when this host has no RDMA device).
 demo: build
-	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo'
+	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo && $(CURDIR)/bin/grpc -mode demo'
 
 # perftest and rdmaperf in turn in one guest boot, three times each (medians): a table on stdout,
 # BENCHMARKS.md and bench.png here; then the go benchmarks of the hot paths.

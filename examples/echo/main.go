@@ -33,6 +33,7 @@ import (
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/exampleaddr"
 )
 
 func main() {
@@ -43,24 +44,20 @@ func main() {
 	concurrency := flag.Int("concurrency", 1, "client connections running at once")
 	verify := flag.Bool("verify", true, "check every echoed byte")
 	flag.Parse()
-	if *addr == "" {
-		host := os.Getenv("RDMACM_TEST_ADDR")
-		if host == "" {
-			fmt.Fprintln(os.Stderr, "echo: give -addr, or run under bin/rxevm (which sets RDMACM_TEST_ADDR)")
-			os.Exit(2)
-		}
-		*addr = net.JoinHostPort(host, "7471")
+	address, err := exampleaddr.Or(*addr, "7471")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "echo:", err)
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	var err error
 	switch *mode {
 	case "server":
-		err = serve(ctx, *addr, *size, nil)
+		err = serve(ctx, address, *size, nil)
 	case "client":
-		err = clients(ctx, *addr, *size, *count, *concurrency, *verify)
+		err = clients(ctx, address, *size, *count, *concurrency, *verify)
 	case "demo":
-		err = demo(ctx, *addr, *size, *count, *concurrency, *verify)
+		err = demo(ctx, address, *size, *count, *concurrency, *verify)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/go-rdma/rdmacm/examples/grpc/echopb"
+	"github.com/go-rdma/rdmacm/internal/exampleaddr"
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
@@ -39,27 +40,23 @@ func main() {
 	count := flag.Int("count", 1000, "unary calls, then stream messages, the client makes")
 	callers := flag.Int("callers", 1, "goroutines making the unary calls")
 	flag.Parse()
-	if *addr == "" {
-		host := os.Getenv("RDMACM_TEST_ADDR")
-		if host == "" {
-			fmt.Fprintln(os.Stderr, "grpc: give -addr, or run under bin/rxevm (which sets RDMACM_TEST_ADDR)")
-			os.Exit(2)
-		}
-		*addr = net.JoinHostPort(host, "7473")
+	address, err := exampleaddr.Or(*addr, "7473")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "grpc:", err)
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	load := load{size: *size, count: *count, callers: *callers}
-	var err error
 	switch *mode {
 	case "server":
-		err = serve(ctx, *addr)
+		err = serve(ctx, address)
 	case "client":
-		err = client(ctx, *addr, load)
+		err = client(ctx, address, load)
 	case "demo":
-		err = demo(ctx, *addr, load)
+		err = demo(ctx, address, load)
 	case "bench":
-		err = bench(ctx, *addr, load)
+		err = bench(ctx, address, load)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
@@ -118,7 +115,7 @@ func client(ctx context.Context, addr string, load load) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println(r)
+	fmt.Println("grpc client:", r)
 	return nil
 }
 

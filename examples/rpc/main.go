@@ -17,7 +17,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -25,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-rdma/rdmacm/internal/exampleaddr"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
@@ -35,24 +35,20 @@ func main() {
 	calls := flag.Int("calls", 500, "calls per caller")
 	blob := flag.Int("blob", 8<<20, "bytes of the blob.put upload")
 	flag.Parse()
-	if *addr == "" {
-		host := os.Getenv("RDMACM_TEST_ADDR")
-		if host == "" {
-			fmt.Fprintln(os.Stderr, "rpc: give -addr, or run under bin/rxevm (which sets RDMACM_TEST_ADDR)")
-			os.Exit(2)
-		}
-		*addr = net.JoinHostPort(host, "7472")
+	address, err := exampleaddr.Or(*addr, "7472")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rpc:", err)
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	var err error
 	switch *mode {
 	case "server":
-		err = serve(ctx, *addr, nil)
+		err = serve(ctx, address, nil)
 	case "client":
-		err = load(ctx, *addr, *callers, *calls, *blob)
+		err = load(ctx, address, *callers, *calls, *blob)
 	case "demo":
-		err = demo(ctx, *addr, *callers, *calls, *blob)
+		err = demo(ctx, address, *callers, *calls, *blob)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
