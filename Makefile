@@ -87,7 +87,9 @@ demo: build
 	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo && $(CURDIR)/bin/grpc -mode demo'
 
 # perftest and rdmaperf in turn in one guest boot, three times each (medians): a table on stdout,
-# BENCHMARKS.md and bench.png here; then the go benchmarks of the hot paths.
+# BENCHMARKS.md and bench.png here; then gRPC over rdmanet against gRPC over
+# TCP in one guest (printed; no C tool to compare with), and the go
+# benchmarks of the hot paths.
 # The guest may run 45 min, not rxevm's default 20: three rounds take 13-19
 # min on this project's machines.
 #
@@ -98,6 +100,7 @@ bench: build
 	RDMAPERF_HOST="$$(uname -n), $$(nproc) cores, $$(. /etc/os-release; echo $$PRETTY_NAME)" \
 	  $(RXEVM) -device $(DEVICE) -timeout 45m -w $(CURDIR) $(CURDIR)/bin/rdmaperf -compare -repeat 3 -out $(CURDIR)
 	if [ "$(DEVICE)" = rxe ]; then \
+	  $(RXEVM) sh -c 'for n in 1 16; do $(CURDIR)/bin/grpc -mode bench -count 4000 -callers $$n || exit; done' && \
 	  $(GO) test -run '^$$' -bench . -benchmem ./msg && \
 	  $(GO) test -run '^$$' -bench . -benchmem -exec $(RXEVM) ./integration; fi
 
