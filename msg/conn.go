@@ -97,9 +97,11 @@ type Conn struct {
 	// the control loop sends the TypeCloseWrite owed (eofOwed) once no
 	// send that took a credit before it is still on its way to the queue
 	// (posting), so that it follows every message that was let through.
+	// posting rises only under mu, before writeClosed is set; it falls
+	// without mu, so that a send takes the lock once.
 	writeClosed atomic.Bool // set under mu; read without it too
 	eofOwed     bool
-	posting     int
+	posting     atomic.Int32
 	// The dialer speaks first, as iWARP requires of the active side: it
 	// greets (greet, a credit message) as soon as the connection is up,
 	// and the accepting side sends nothing until it has heard it (mayTalk).
@@ -572,16 +574,16 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 		return ErrWriteClosed
 	}
 	c.takeCreditLocked(&h)
-	c.posting++
+	c.posting.Add(1)
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
 	copy(b.Bytes()[HeaderSize:], payload)
 	err = c.post(b, &h)
-	c.mu.Lock()
-	if c.posting--; c.posting == 0 && c.eofOwed {
+	if c.posting.Add(-1) == 0 && c.writeClosed.Load() {
+		c.mu.Lock()
 		c.signal() // the control loop may send the end of data now
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	return err
 }
 

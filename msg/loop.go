@@ -207,7 +207,7 @@ func (c *Conn) controlLoop() {
 			c.fail(silent)
 			return
 		}
-		eofDue := c.eofOwed && c.posting == 0
+		eofDue := c.eofOwed && c.posting.Load() == 0
 		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 ||
 			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive)
 		var b *bufpool.Buffer
