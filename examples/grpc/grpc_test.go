@@ -35,7 +35,7 @@ func TestGRPCOverRdmanet(t *testing.T) {
 	s := newServer()
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(l) }()
-	cc, err := dialRDMA(l.Addr().String())
+	cc, err := rdmanetClientConn(l.Addr().String())
 	require.NoError(t, err)
 	c := echopb.NewClient(cc)
 

@@ -73,8 +73,8 @@ func newServer() *grpc.Server {
 	return s
 }
 
-// dialRDMA is a gRPC client connection whose transport is rdmanet.
-func dialRDMA(addr string) (*grpc.ClientConn, error) {
+// rdmanetClientConn is a gRPC client connection whose transport is rdmanet.
+func rdmanetClientConn(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(dialRdmanet))
@@ -106,7 +106,7 @@ func serveUntil(ctx context.Context, s *grpc.Server, l net.Listener) error {
 }
 
 func client(ctx context.Context, addr string, load load) error {
-	cc, err := dialRDMA(addr)
+	cc, err := rdmanetClientConn(addr)
 	if err != nil {
 		return err
 	}
