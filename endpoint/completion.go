@@ -30,12 +30,12 @@ func (ep *Endpoint) pollLoop() {
 		if n > 0 && ep.mode == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
 			lastWork = time.Now()
 		}
-		closing, pending := ep.closingState()
+		closing, owed := ep.closingState()
 		if closing {
 			if closeDeadline.IsZero() {
 				closeDeadline = time.Now().Add(ep.cfg.CloseTimeout)
 			}
-			if pending == 0 || time.Now().After(closeDeadline) {
+			if !owed || time.Now().After(closeDeadline) {
 				break
 			}
 		}
@@ -101,10 +101,25 @@ func (ep *Endpoint) markClosing() {
 	ep.mu.Unlock()
 }
 
-func (ep *Endpoint) closingState() (bool, int) {
+// closingState says whether the endpoint is closing, and whether the
+// device still owes a completion: for a receive, or for a signaled send
+// (which brings back the unsignaled ones before it). Nothing is owed for
+// the unsignaled sends after the last signaled one: they may have finished
+// without a completion, and teardown completes them with ErrClosed once
+// the QP is destroyed (waiting for them would take the whole close timeout).
+func (ep *Endpoint) closingState() (closing, owed bool) {
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
-	return ep.closing, ep.sends.inUse() + ep.recvs.inUse()
+	if ep.recvs.inUse() > 0 {
+		return ep.closing, true
+	}
+	f := &ep.sendFIFO
+	for i := range f.count {
+		if ep.sends.slots[f.buf[(f.head+i)%len(f.buf)]].signaled {
+			return ep.closing, true
+		}
+	}
+	return ep.closing, false
 }
 
 // poll drains the CQ unless it is destroyed and returns how many work

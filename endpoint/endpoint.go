@@ -440,9 +440,10 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 }
 
 // Close disconnects, waits (at most Config.CloseTimeout) for the device to
-// hand back every posted work request, completes each pending context with
-// an error matching ErrClosed, and destroys the QP, CQ and channel, then the
-// connection id. Safe to call many times and concurrently with posts; every
+// hand back every posted work request that owes a completion (unsignaled
+// sends after the last signaled one owe none), completes each pending
+// context with an error matching ErrClosed, and destroys the QP, CQ and
+// channel, then the connection id. Safe to call many times and concurrently with posts; every
 // call returns the same result.
 func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {

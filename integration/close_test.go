@@ -139,3 +139,39 @@ func TestPollModes(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAfterUnsignaledSends: sends posted unsignaled after the last
+// signaled one may finish without ever producing a completion, so Close
+// must not wait for them (with a two-minute close timeout it once took the
+// whole of it). Their contexts still come back, with ErrClosed.
+func TestCloseAfterUnsignaledSends(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const sends = 4
+	p := connect(t, ctx, cm.WithCloseTimeout(2*time.Minute))
+	serverPool := newPool(t, p.server, 64, sends)
+	for range sends {
+		b, _ := serverPool.TryGet()
+		require.NoError(t, p.server.PostRecv(nil, b))
+	}
+	clientPool := newPool(t, p.client, 64, 1)
+	b, _ := clientPool.TryGet()
+	for i := range sends {
+		require.NoError(t, p.client.PostSend(i, b, 8, endpoint.Unsignaled))
+	}
+	for range sends {
+		c := next(t, p.server)
+		require.NoError(t, c.Err)
+		serverPool.Put(c.Buffer)
+	}
+
+	start := time.Now()
+	require.NoError(t, p.client.Close())
+	require.Less(t, time.Since(start), 30*time.Second, "Close waited for completions that never come")
+	var back []any
+	for c := range p.client.Completions() {
+		back = append(back, c.Context)
+	}
+	require.ElementsMatch(t, []any{0, 1, 2, 3}, back, "each send's context, once")
+	clientPool.Put(b)
+}
