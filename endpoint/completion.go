@@ -1,8 +1,8 @@
 package endpoint
 
 import (
+	"context"
 	"errors"
-	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -19,12 +19,14 @@ const ackBatch = 64
 
 // pollLoop is the completion goroutine: it drains the CQ in batches, re-arms
 // it, polls once more to close the race between the last poll and the arm,
-// and sleeps on the completion channel through the netpoller. After Close it
-// collects the flushed work requests and tears the verbs objects down.
+// and sleeps on the completion channel through the netpoller. While callers
+// of Next poll or wait themselves, it stands aside. After Close it collects
+// the flushed work requests and tears the verbs objects down.
 func (ep *Endpoint) pollLoop() {
 	defer close(ep.pollDone)
 	var closeDeadline time.Time
 	lastWork := time.Now()
+	p := &ep.poller
 	for {
 		n := ep.poll()
 		if n > 0 && ep.mode == PollHybrid { // only hybrid needs the clock (nanotime is dear under emulation)
@@ -42,10 +44,11 @@ func (ep *Endpoint) pollLoop() {
 		switch {
 		case n > 0:
 			continue
-		case !closing && ep.mode != PollEvent && ep.poller.callersPolling():
-			// Callers of Next poll the CQ in their own goroutines: two
-			// spinning pollers per endpoint would only fight for the CPU.
-			ep.poller.standAside()
+		case !closing && p.callersPolling():
+			// Callers of Next poll the CQ or wait on its channel in
+			// their own goroutines: a second poller would only take
+			// the CPU from them, a second waiter cannot wait.
+			p.standAside()
 			continue
 		case !closing && (ep.mode == PollBusy ||
 			ep.mode == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
@@ -54,36 +57,33 @@ func (ep *Endpoint) pollLoop() {
 			runtime.Gosched()
 			continue
 		}
-		if err := ep.cq.ReqNotify(false); err != nil {
-			ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
-		}
-		if n := ep.poll(); n > 0 {
-			if ep.mode == PollHybrid {
-				lastWork = time.Now()
-			}
-			continue
-		}
 		if closing {
-			// Flushed completions raise an event too; the short deadline
-			// only bounds a lost one.
-			ep.wait.SetDeadline(time.Now().Add(10 * time.Millisecond))
+			p.role <- struct{}{} // a caller of Next that holds it sees Close and gives it back
+		} else {
+			select {
+			case p.role <- struct{}{}:
+			default: // a caller of Next waits on the channel
+				p.standAside()
+				continue
+			}
 		}
-		werr := ep.wait.Wait()
-		if werr != nil && !errors.Is(werr, os.ErrDeadlineExceeded) {
-			ep.cfg.Logger.Error().Err(werr).Msg("waiting on the completion channel")
-			ep.markClosing()
+		n, _, _, werr := ep.waitEvent(context.Background(), false, time.Time{})
+		<-p.role
+		if n > 0 && ep.mode == PollHybrid {
+			lastWork = time.Now()
 		}
-		if ep.poller.unacked >= ackBatch {
-			ep.cq.AckEvents(ep.poller.unacked)
-			ep.poller.unacked = 0
-		}
+		ep.checkWait(werr)
 	}
-	ep.cq.AckEvents(ep.poller.unacked)
+	p.role <- struct{}{}
+	ep.cq.AckEvents(p.unacked)
+	p.unacked = 0
+	<-p.role
+	p.unwatch()
 	ep.teardown()
 }
 
 // takeEvent takes one event from the completion channel for fdwait: false
-// when there is none yet. Only the completion goroutine calls it.
+// when there is none yet. Only the holder of poller.role calls it.
 func (ep *Endpoint) takeEvent() bool {
 	err := ep.ch.GetEvent()
 	if err == syscall.EAGAIN {
@@ -99,6 +99,7 @@ func (ep *Endpoint) markClosing() {
 	ep.mu.Lock()
 	ep.closing = true
 	ep.mu.Unlock()
+	ep.wakeWaiters()
 }
 
 // closingState says whether the endpoint is closing, and whether the
@@ -177,10 +178,15 @@ func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
 		handed = handed || want && !ep.queue.handWanted
 		ep.queue.handWanted = false
 		notify := len(ep.queue.items) > 0
+		sent := ep.queue.sent
+		ep.queue.sent = false
 		ep.queue.mu.Unlock()
 		ep.mu.Unlock()
 		if notify {
 			ep.queue.notify()
+		}
+		if sent {
+			ep.interruptWait(false)
 		}
 		if n < ep.cq.Batch() {
 			// The CQ was empty after these: another poll now would
@@ -309,6 +315,7 @@ type completionQueue struct {
 	// handWanted. handOff belongs to the holder of Endpoint.pollMu.
 	handWanted bool
 	handOff    Completion
+	sent       bool // emit sent to out since the poller last looked
 	closed     bool
 	ended      chan struct{} // closed with closed: the endpoint is torn down
 	wake       chan struct{}
@@ -345,6 +352,7 @@ func (q *completionQueue) emit(c Completion) {
 		}
 		select {
 		case q.out <- c:
+			q.sent = true
 			return
 		default:
 		}
@@ -397,6 +405,7 @@ func (ep *Endpoint) deliverLoop() {
 				}
 				batch[i] = Completion{} // drop references for the GC
 			}
+			ep.interruptWait(false)
 		}
 	}
 }

@@ -72,18 +72,21 @@ type Endpoint struct {
 	//   - Posting goroutines (any caller of Post*) take mu and own, under
 	//     it, the slot tables, the send FIFO, the verbs batches and the
 	//     scratch arrays; closing and gotRecv are under mu too.
-	//   - The completion goroutine (pollLoop) owns the channel events and
-	//     their acks (poller.unacked), the stand-aside state, and the verbs
-	//     objects' teardown. It polls the CQ under poller.mu, as do callers
-	//     of Next that spin (busy and hybrid modes); the CQ's completion
-	//     array belongs to whoever holds poller.mu.
+	//   - The completion goroutine (pollLoop) owns the stand-aside state
+	//     and the verbs objects' teardown. It polls the CQ under poller.mu,
+	//     as do callers of Next; the CQ's completion array belongs to
+	//     whoever holds poller.mu.
+	//   - The holder of poller.role (the completion goroutine or one caller
+	//     of Next) arms the CQ, waits on the completion channel, and owns
+	//     its events and their acks (poller.unacked).
 	//   - The delivery goroutine (deliverLoop) owns the batch it is sending
 	//     to Completions; queue.mu guards what it swaps with the pollers.
 	//   - Package cm's event goroutine calls the PeerGone it was given,
 	//     which takes qpMu to move the QP to the error state.
 	//
-	// Lock order: poller.mu, then mu, then queue.mu (drain takes all
-	// three); qpMu is taken alone. Close sets closing, disconnects, and
+	// Lock order: poller.role, then poller.mu, then mu, then queue.mu
+	// (drain takes the last three), then poller.deadlineMu; qpMu is taken
+	// alone. Close sets closing, disconnects, and
 	// waits for the completion goroutine (pollDone), which tears
 	// everything down and lets the delivery goroutine finish (queue.ended).
 
@@ -137,20 +140,46 @@ type Endpoint struct {
 	qpDestroyed  bool
 }
 
-// cqPoller is the state of polling the CQ: who may poll it now, and how
-// the completion goroutine stands aside while callers of Next spin.
+// cqPoller is the state of polling the CQ: who may poll it now, who
+// waits on the completion channel, and how the completion goroutine stands
+// aside while callers of Next poll or wait themselves.
 type cqPoller struct {
 	mu   sync.Mutex // one poller of the CQ at a time
 	gone bool       // the CQ is destroyed (under mu)
-	// Callers of Next that poll the CQ themselves (busy and hybrid modes);
+	// Callers of Next that poll the CQ or wait on its channel themselves;
 	// the completion goroutine stands aside while they do.
 	callers   atomic.Int32
-	nextCalls atomic.Uint64 // Next calls with busy or hybrid polling, ever
+	nextCalls atomic.Uint64 // Next calls, ever
 	seenCalls uint64        // nextCalls when the completion goroutine last looked
 	kick      chan struct{} // wakes a completion goroutine standing aside
 	aside     *time.Timer
 	asideFor  time.Duration // the current stand-aside back-off
-	unacked   int           // CQ events taken and not yet acked (completion goroutine only)
+
+	// role is the right to arm the CQ, wait on the completion channel and
+	// take its events (a semaphore: send to take it, receive to give it
+	// back). The completion goroutine holds it, or one caller of Next at a
+	// time: the netpoller lets one goroutine wait on a descriptor, and the
+	// waiter is the one woken. unacked is under it.
+	role    chan struct{}
+	unacked int // CQ events taken and not yet acked
+
+	// The channel's deadline is set by the holder of role, by Close, by a
+	// caller of Next that wants the role from the completion goroutine,
+	// by whoever else puts a completion in Completions while a caller of
+	// Next waits on the channel (interruptWait), and by the end of that
+	// caller's context; deadlineMu orders them.
+	deadlineMu    sync.Mutex
+	deadline      time.Time       // what is set
+	closing       bool            // Close has begun: every wait is short from now on
+	loopWaiting   bool            // the completion goroutine waits on the channel
+	callerHolds   bool            // a caller of Next holds role,
+	callerWaiting bool            // and waits on the channel,
+	holderDone    <-chan struct{} // until this closes (its context's Done)
+	// One context.AfterFunc serves every Next with the same context, so
+	// that a loop on Next allocates nothing: watched is that context's
+	// Done, stopWatch unregisters it.
+	watched   <-chan struct{}
+	stopWatch func() bool
 }
 
 // disconnect moves the QP to the error state (rdma_disconnect), once, and
@@ -256,6 +285,7 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	ep.recvTaken = make([]uint32, 0, cfg.RecvDepth)
 	ep.queue.init(cfg.SendDepth + cfg.RecvDepth)
 	ep.poller.kick = make(chan struct{}, 1)
+	ep.poller.role = make(chan struct{}, 1)
 	ep.received = make(chan struct{})
 	go ep.pollLoop()
 	go ep.deliverLoop()
@@ -443,8 +473,8 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // hand back every posted work request that owes a completion (unsignaled
 // sends after the last signaled one owe none), completes each pending
 // context with an error matching ErrClosed, and destroys the QP, CQ and
-// channel, then the connection id. Safe to call many times and concurrently with posts; every
-// call returns the same result.
+// channel, then the connection id. Safe to call many times and
+// concurrently with posts; every call returns the same result.
 func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {
 		ep.mu.Lock()
@@ -452,7 +482,7 @@ func (ep *Endpoint) Close() error {
 		ep.mu.Unlock()
 		ep.disconnect() // posted work flushes back
 		ep.setDone(ErrClosed)
-		ep.wait.SetDeadline(pastTime) // wake the completion goroutine
+		ep.wakeWaiters() // the completion goroutine, or a caller of Next
 		ep.poller.wake()
 		<-ep.pollDone
 	})

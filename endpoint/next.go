@@ -35,38 +35,38 @@ const (
 // Next waits for the next completion of the stream Completions delivers
 // (each completion goes to one reader: Next or the channel).
 //
-// With PollBusy and PollHybrid, Next polls the CQ in the caller's
-// goroutine, so a completion reaches the caller without a goroutine
-// hand-off: the lowest-latency way to wait, as perftest's loop does.
-// PollBusy spins until a completion arrives or ctx ends; PollHybrid spins
-// for the spin time, then sleeps until the completion goroutine delivers one.
-// While callers poll in Next, the completion goroutine stands aside (it
+// Next waits in the caller's goroutine, so a completion reaches the caller
+// without a goroutine hand-off: the lowest-latency way to wait. With
+// PollBusy it polls the CQ until a completion arrives or ctx ends, as
+// perftest's loop does; with PollHybrid it polls for the spin time, then
+// sleeps; with PollEvent it sleeps at once. A sleeping Next waits on the
+// completion channel itself, and is woken by the completion it returns;
+// one caller of Next does at a time, and the others wait for it to hand
+// them completions or its place.
+//
+// While callers wait in Next, the completion goroutine stands aside (it
 // looks again after 1 ms, backing off to every 16 ms while Next is still
 // called), so a completion nobody waits for in Next can reach Completions
-// up to 16 ms later. A spinning Next yields the processor every 1024
-// polls and otherwise keeps its P busy: a program with spinning callers
-// wants GOMAXPROCS above their number. With PollEvent, Next is a receive
-// from Completions that honours ctx.
+// up to 16 ms later: an endpoint is best read one way, Next or the
+// channel. A spinning Next yields the processor every 1024 polls and
+// otherwise keeps its P busy: a program with spinning callers wants
+// GOMAXPROCS above their number.
 //
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
 func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
-	if ep.mode != PollEvent {
-		// Counted even when the channel answers at once: a caller that
-		// always finds one there would otherwise never make the
-		// completion goroutine stand aside, and the two would take turns
-		// on the CPU (with a runtime.Gosched each) for every completion.
-		ep.poller.nextCalls.Add(1)
-	}
+	// Counted even when the channel answers at once: a caller that always
+	// finds one there would otherwise never make the completion goroutine
+	// stand aside, and the two would take turns on the CPU (with a
+	// runtime.Gosched each) for every completion.
+	ep.poller.nextCalls.Add(1)
 	select {
 	case c, ok := <-ep.queue.out:
 		return delivered(c, ok)
 	default:
 	}
-	if ep.mode != PollEvent {
-		if c, got, err := ep.spin(ctx); got || err != nil {
-			return c, err
-		}
+	if c, got, err := ep.await(ctx); got || err != nil {
+		return c, err
 	}
 	select {
 	case c, ok := <-ep.queue.out:
@@ -83,17 +83,75 @@ func delivered(c Completion, ok bool) (Completion, error) {
 	return c, nil
 }
 
+// await waits for a completion in the caller's goroutine: it spins (busy
+// and hybrid modes), then waits on the completion channel (hybrid and
+// event modes). It returns got or err, or neither when the endpoint is
+// closing: the channel then has what is left, and its close.
+func (ep *Endpoint) await(ctx context.Context) (c Completion, got bool, err error) {
+	p := &ep.poller
+	p.callers.Add(1)
+	defer func() {
+		// Leaving without a completion, the caller will sleep on the
+		// channel or give up: the completion goroutine must poll again.
+		if p.callers.Add(-1) == 0 && !got {
+			p.wake()
+		}
+	}()
+	if ep.mode != PollEvent {
+		if c, got, err = ep.spin(ctx); got || err != nil || ep.mode == PollBusy {
+			return c, got, err
+		}
+	}
+	select {
+	case p.role <- struct{}{}:
+	default:
+		// The completion goroutine holds the role (it gives it back
+		// when asked) or another caller does (it hands on what it
+		// finds, then its place).
+		ep.interruptWait(true)
+		select {
+		case p.role <- struct{}{}:
+		case c, ok := <-ep.queue.out:
+			c, err = delivered(c, ok)
+			return c, true, err
+		case <-ctx.Done():
+			return Completion{}, false, ctx.Err()
+		}
+	}
+	ep.holdRole(ctx)
+	defer p.releaseRole()
+	deadline, _ := ctx.Deadline()
+	for !p.isClosing() {
+		_, c, handed := ep.pollFor(true)
+		if handed {
+			return c, true, nil
+		}
+		select {
+		case c, ok := <-ep.queue.out:
+			c, err = delivered(c, ok)
+			return c, true, err
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return Completion{}, false, err
+		}
+		_, c, handed, werr := ep.waitEvent(ctx, true, deadline)
+		if handed {
+			return c, true, nil
+		}
+		if ep.checkWait(werr) {
+			break // the channel has what is left, and its close
+		}
+		if werr != nil && !deadline.IsZero() && !time.Now().Before(deadline) {
+			return Completion{}, false, context.DeadlineExceeded
+		}
+	}
+	return Completion{}, false, nil
+}
+
 // spin polls the CQ in the caller's goroutine until a completion is ready
 // (got), ctx ends (err), or, with PollHybrid, the spin time has passed.
 func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error) {
-	ep.poller.callers.Add(1)
-	defer func() {
-		// Leaving without a completion, the caller will sleep or give
-		// up: the completion goroutine must poll again.
-		if ep.poller.callers.Add(-1) == 0 && !got {
-			ep.poller.wake()
-		}
-	}()
 	var start time.Time
 	if ep.mode == PollHybrid {
 		start = time.Now()

@@ -173,3 +173,81 @@ func TestNextEndsWithThePeer(t *testing.T) {
 		t.Fatal("Next kept spinning after the peer left")
 	}
 }
+
+// TestNextWaitersShareTheChannel: callers of Next wait on the completion
+// channel themselves, one at a time, the others for it to hand on
+// completions or its place. A cancelled caller leaves, whether it held
+// the place or not; four concurrent callers get one completion each, and
+// Close ends a caller's wait.
+func TestNextWaitersShareTheChannel(t *testing.T) {
+	for _, mode := range pollModes {
+		if mode.name == "busy" {
+			continue // busy callers spin; they never wait on the channel
+		}
+		t.Run(mode.name, func(t *testing.T) {
+			ctx := testContext(t)
+			rxetest.CheckResources(t)
+			p := connect(t, ctx, mode.opt)
+
+			cancelled := make(chan error, 2)
+			for range 2 {
+				short, cancel := context.WithCancel(ctx)
+				time.AfterFunc(50*time.Millisecond, cancel)
+				go func() {
+					_, err := p.client.Next(short)
+					cancelled <- err
+				}()
+			}
+			for range 2 {
+				select {
+				case err := <-cancelled:
+					require.ErrorIs(t, err, context.Canceled)
+				case <-time.After(10 * time.Second):
+					t.Fatal("a cancelled Next did not return")
+				}
+			}
+
+			_, remote := exchangeRegion(t, ctx, p, 64, bufpool.RemoteWrite)
+			pool := newPool(t, p.client, 64, 1)
+			b, _ := pool.TryGet()
+			defer pool.Put(b)
+			const callers = 4
+			got := make(chan any, callers)
+			for range callers {
+				go func() {
+					c, err := p.client.Next(ctx)
+					if err == nil {
+						err = c.Err
+					}
+					if err != nil {
+						got <- err
+						return
+					}
+					got <- c.Context
+				}()
+			}
+			for i := range callers {
+				require.NoError(t, p.client.PostWrite(i, b, 64, remote))
+			}
+			var contexts []any
+			for range callers {
+				contexts = append(contexts, <-got)
+			}
+			require.ElementsMatch(t, []any{0, 1, 2, 3}, contexts, "each write's completion to one caller")
+
+			ended := make(chan error, 1)
+			go func() {
+				_, err := p.client.Next(ctx)
+				ended <- err
+			}()
+			time.Sleep(50 * time.Millisecond) // let it wait
+			require.NoError(t, p.client.Close())
+			select {
+			case err := <-ended:
+				require.ErrorIs(t, err, endpoint.ErrClosed)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close did not end a waiting Next")
+			}
+		})
+	}
+}
