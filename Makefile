@@ -58,9 +58,11 @@ test-wire: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -guests 2' ./integration/wire
 
 # The runnable godoc examples of msg, endpoint, bufpool and rdmanet (their
-# output checked) on rxe0; on a host without a device they skip.
+# output checked) on rxe0, and the rpc example's metrics test; on a host
+# without a device they skip.
 test-examples: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -run '^Example' -exec $(RXEVM) ./msg ./endpoint ./bufpool ./rdmanet
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./examples/rpc
 
 # FuzzPostRequest fuzzing on rxe0 (20,000 inputs, about 15 s): arbitrary
 # endpoint.Requests on a real connection. The engine's cache stays in the

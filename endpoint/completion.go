@@ -220,7 +220,9 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		}
 		if wc.Status != verbs.WCSuccess {
 			c.Err, c.Len = ep.completionError(OpRecv, wc), 0
-		} else if !ep.gotRecv {
+		}
+		ep.countCompleted(c.Err)
+		if c.Err == nil && !ep.gotRecv {
 			ep.gotRecv = true
 			close(ep.received)
 		}
@@ -237,6 +239,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		if head == idx && wc.Status != verbs.WCSuccess {
 			c.Err = ep.completionError(s.op, wc)
 		}
+		ep.countCompleted(c.Err)
 		if !s.silent || c.Err != nil {
 			ep.queue.emit(c)
 		}

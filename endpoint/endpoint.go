@@ -119,6 +119,7 @@ type Endpoint struct {
 	recvTaken []uint32
 	received  chan struct{} // closed at the first good receive (seam.Control.Received)
 	gotRecv   bool          // received is closed
+	stats     Stats         // under mu
 
 	queue  completionQueue
 	poller cqPoller

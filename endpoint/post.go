@@ -196,6 +196,7 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 	// Receives first: a send in the same batch may be answered at once.
 	err := verbs.Post(ep.id, nil, ep.recvBatch, ep.sendBatch)
 	if err == nil {
+		ep.countPosted(nsend, nrecv)
 		return nil
 	}
 	var pe *verbs.PostError
@@ -207,8 +208,10 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 		kind = OpRecv
 		ep.unpost(recvIdx, pe.Index, true)
 		ep.unpost(sendIdx, 0, false)
+		ep.countPosted(0, pe.Index)
 	} else {
 		ep.unpost(sendIdx, pe.Index, false)
+		ep.countPosted(pe.Index, nrecv)
 	}
 	return &PostError{Index: nthOfKind(reqs, kind, pe.Index), Err: pe.Err}
 }

@@ -107,6 +107,7 @@ type Conn struct {
 	// and the accepting side sends nothing until it has heard it (mayTalk).
 	greet, mayTalk bool
 	peerClosed     bool // the peer said goodbye
+	stats          Stats
 
 	oneSidedSlots chan struct{} // one per one-sided operation in flight (maxOneSided)
 
@@ -548,7 +549,15 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	}
 	// One credit stays back for credit messages, so that two peers that
 	// both wait to send can always tell each other they may.
-	if err := c.waitFor(ctx, func() bool { return c.mayTalk && c.credits > 1 }); err != nil {
+	waited := false
+	if err := c.waitFor(ctx, func() bool {
+		ok := c.mayTalk && c.credits > 1
+		if !ok && c.mayTalk && !waited {
+			waited = true
+			c.stats.CreditWaits++
+		}
+		return ok
+	}); err != nil {
 		c.sendPool.Put(b)
 		if ctx.Err() == nil {
 			return err
@@ -600,6 +609,10 @@ func (c *Conn) flush(ctx context.Context) error {
 // takeCreditLocked spends a credit on h and puts the credits owed to the
 // peer in it; c.mu is held.
 func (c *Conn) takeCreditLocked(h *Header) {
+	c.stats.MessagesSent++
+	if h.Type == TypeCredit {
+		c.stats.CreditMessagesSent++
+	}
 	c.credits--
 	h.Credits = uint32(c.toGrant)
 	c.granted += c.toGrant
@@ -663,6 +676,10 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 		c.mu.Unlock()
 		return err
 	}
+	c.mu.Lock()
+	c.stats.RendezvousSent++
+	c.stats.RendezvousBytesSent += uint64(len(payload))
+	c.mu.Unlock()
 	select {
 	case <-p.done:
 		return nil

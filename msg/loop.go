@@ -54,6 +54,8 @@ func (c *Conn) run() {
 			}
 			c.inbox <- &Message{Type: rr.info.Type, ID: rr.hdr.ID, Payload: rr.region.Bytes(), c: c, region: rr.region}
 			c.mu.Lock()
+			c.stats.RendezvousReceived++
+			c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
 			c.dones = append(c.dones, rr.info.RVID)
 			c.signal()
 			c.mu.Unlock()
@@ -95,6 +97,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	}
 	c.mu.Lock()
 	c.receivedTotal++
+	c.stats.MessagesReceived++
 	c.lastRecv = time.Now()
 	if !c.mayTalk { // the dialer's first message: this side may speak now
 		c.mayTalk = true

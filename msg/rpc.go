@@ -167,6 +167,8 @@ type Server struct {
 	conns    map[*Conn]struct{}
 	shutdown bool
 	active   int            // handlers running
+	calls    uint64         // calls answered, with a response or an error
+	errors   uint64         // of those, with an error
 	idle     chan struct{}  // closed when active drops to 0; nil while nobody waits
 	connWG   sync.WaitGroup // connection goroutines (Add only before Shutdown's Wait: under mu, while !shutdown)
 }
@@ -241,6 +243,7 @@ func (s *Server) serveConn(c *Conn) {
 			if herr != nil {
 				typ, resp = TypeError, encodeError(herr)
 			}
+			s.callAnswered(herr != nil)
 			c.send(ctx, typ, id, resp) // fails only when the connection has ended
 		}()
 	}

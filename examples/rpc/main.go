@@ -34,6 +34,7 @@ func main() {
 	callers := flag.Int("callers", 32, "concurrent callers")
 	calls := flag.Int("calls", 500, "calls per caller")
 	blob := flag.Int("blob", 8<<20, "bytes of the blob.put upload")
+	metrics := flag.String("metrics", "", "server and demo: serve the server's counters at http://`host:port`/metrics (Prometheus)")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7472")
 	if err != nil {
@@ -44,11 +45,11 @@ func main() {
 	defer stop()
 	switch *mode {
 	case "server":
-		err = serve(ctx, address, nil)
+		err = serve(ctx, address, *metrics, nil)
 	case "client":
 		err = load(ctx, address, *callers, *calls, *blob)
 	case "demo":
-		err = demo(ctx, address, *callers, *calls, *blob)
+		err = demo(ctx, address, *metrics, *callers, *calls, *blob)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
@@ -114,7 +115,9 @@ func (s *store) get(ctx context.Context, req []byte) ([]byte, error) {
 	return v, nil
 }
 
-func serve(ctx context.Context, addr string, ready chan<- string) error {
+// serve serves the service on addr until ctx ends, and its counters on
+// metricsAddr unless that is empty. ready gets the address it listens on.
+func serve(ctx context.Context, addr, metricsAddr string, ready chan<- string) error {
 	l, err := msg.Listen(ctx, addr)
 	if err != nil {
 		return err
@@ -126,11 +129,33 @@ func serve(ctx context.Context, addr string, ready chan<- string) error {
 		return err
 	}
 	srv := msg.NewServer(mux.Serve)
+	metricsDone := make(chan error, 1)
+	if metricsAddr != "" {
+		mctx, stop := context.WithCancel(ctx)
+		defer func() { stop(); <-metricsDone }()
+		mready := make(chan string, 1)
+		go func() { metricsDone <- serveMetrics(mctx, metricsAddr, srv, mready) }()
+		select {
+		case a := <-mready:
+			fmt.Printf("rpc metrics at http://%s/metrics\n", a)
+		case err := <-metricsDone:
+			metricsDone <- nil
+			l.Close()
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
 	if ready != nil {
 		ready <- l.Addr().String()
 	}
+	return serveUntil(ctx, func() error { return srv.Serve(ctx, l) }, srv.Shutdown)
+}
+
+// serveUntil runs serve until it fails or ctx ends, then shuts it down
+// (waiting at most 5 s for what is in progress) and waits for it to return.
+// The error serve returns after a shutdown is not one.
+func serveUntil(ctx context.Context, serve func() error, shutdown func(context.Context) error) error {
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, l) }()
+	go func() { served <- serve() }()
 	select {
 	case err := <-served:
 		return err
@@ -138,16 +163,16 @@ func serve(ctx context.Context, addr string, ready chan<- string) error {
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err = srv.Shutdown(shutCtx)
+	err := shutdown(shutCtx)
 	<-served
 	return err
 }
 
-func demo(ctx context.Context, addr string, callers, calls, blob int) error {
+func demo(ctx context.Context, addr, metricsAddr string, callers, calls, blob int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	ready := make(chan string, 1)
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, addr, ready) }()
+	go func() { served <- serve(ctx, addr, metricsAddr, ready) }()
 	select {
 	case a := <-ready:
 		fmt.Printf("rpc server listening on %s\n", a)

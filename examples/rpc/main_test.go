@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestMetricsCountTheCalls: the example's server counts the calls a client
+// makes and serves the counts in the Prometheus text format; everything
+// stops with the server's context.
+func TestMetricsCountTheCalls(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rxetest.CheckResources(t)
+	rpcAddr := net.JoinHostPort(rxetest.Addr(t), "0")
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	metricsAddr := free.Addr().String()
+	require.NoError(t, free.Close())
+
+	sctx, stop := context.WithCancel(ctx)
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() { served <- serve(sctx, rpcAddr, metricsAddr, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-served:
+		t.Fatal(err)
+	}
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	for range 20 {
+		_, err := cl.Call(ctx, "echo", []byte("x"))
+		require.NoError(t, err)
+	}
+	_, err = cl.Call(ctx, "kv.get", []byte("nothing here"))
+	require.ErrorIs(t, err, msg.CodeNotFound)
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	text := string(body)
+	require.Contains(t, text, "\nrdmacm_rpc_calls_total 21\n")
+	require.Contains(t, text, "\nrdmacm_rpc_call_errors_total 1\n")
+	require.Contains(t, text, "\nrdmacm_rpc_connections 1\n")
+	require.Contains(t, text, "\nrdmacm_rpc_calls_in_flight 0\n")
+	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_send_doorbells gauge")
+
+	require.NoError(t, cl.Close())
+	stop()
+	if err := <-served; err != nil && !errors.Is(err, msg.ErrShutdown) {
+		t.Fatal(err)
+	}
+	_, err = http.Get("http://" + metricsAddr + "/metrics")
+	require.Error(t, err, "the metrics server stops with the service")
+}

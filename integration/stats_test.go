@@ -1,0 +1,84 @@
+package integration
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// TestStatsCountTheTraffic: the counters of an endpoint, a msg connection,
+// an RPC client and server match the traffic a test made: messages both
+// ways, rendezvous bytes, credit waits with a small receive depth, calls
+// and errors, and every send posted with fewer doorbells than requests
+// once callers queue up.
+func TestStatsCountTheTraffic(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	const small, large = 50, 3
+	big := bytes.Repeat([]byte{7}, 1<<20)
+	go func() {
+		for range small {
+			client.Send(ctx, []byte("hello"))
+		}
+		for range large {
+			client.Send(ctx, big)
+		}
+	}()
+	for range small + large {
+		m, err := server.RecvMessage(ctx)
+		require.NoError(t, err)
+		m.Release()
+	}
+	cs, ss := client.Stats(), server.Stats()
+	require.GreaterOrEqual(t, cs.MessagesSent, uint64(small+large), "every message sent is counted")
+	require.GreaterOrEqual(t, ss.MessagesReceived, uint64(small+large))
+	require.Positive(t, ss.CreditMessagesSent, "the server grants credits back: it has nothing else to send")
+	require.Equal(t, uint64(large), cs.RendezvousSent)
+	require.Equal(t, uint64(large*len(big)), cs.RendezvousBytesSent)
+	require.Equal(t, uint64(large), ss.RendezvousReceived)
+	require.Equal(t, uint64(large*len(big)), ss.RendezvousBytesReceived)
+	require.Positive(t, cs.CreditWaits, "4 receives cannot take 53 messages without a wait")
+	require.GreaterOrEqual(t, cs.Endpoint.SendRequests, cs.MessagesSent)
+	require.Positive(t, cs.Endpoint.SendDoorbells)
+	require.Positive(t, ss.Endpoint.RecvRequests)
+	require.Positive(t, ss.Endpoint.Completions)
+	require.Zero(t, cs.Endpoint.Failed+ss.Endpoint.Failed, "no work request failed")
+	require.Zero(t, cs.Endpoint.RNRRetryExceeded+ss.Endpoint.RNRRetryExceeded)
+
+	s, addr, served := rpcServer(t, ctx)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	const callers, calls = 8, 50
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				cl.Call(ctx, "echo", []byte("x"))
+			}
+		}()
+	}
+	wg.Wait()
+	_, err = cl.Call(ctx, "fail", nil)
+	require.Error(t, err)
+	st := s.Stats()
+	require.Equal(t, uint64(callers*calls+1), st.Calls)
+	require.Equal(t, uint64(1), st.Errors)
+	require.Zero(t, st.CallsInFlight)
+	require.Len(t, st.Conns, 1, "one connection open")
+	require.GreaterOrEqual(t, st.Conns[0].MessagesReceived, uint64(callers*calls+1), "each request is a message")
+	ct := cl.Stats()
+	require.Equal(t, uint64(callers*calls+1), ct.Calls)
+	require.Zero(t, ct.CallsInFlight)
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}

@@ -1,0 +1,81 @@
+package msg
+
+import "github.com/go-rdma/rdmacm/endpoint"
+
+// Stats counts what a connection did since it was made. The counts only
+// grow; a rate is the difference of two snapshots over their interval.
+type Stats struct {
+	Endpoint endpoint.Stats // its queue pair's: posts, doorbells, completions
+	// Every message on the wire, the protocol's own included; of those
+	// sent, CreditMessagesSent carried nothing but credits (keepalives
+	// are such messages too).
+	MessagesSent, MessagesReceived uint64
+	CreditMessagesSent             uint64
+	// CreditWaits counts the sends that found no credit to spend and
+	// waited for the peer to grant one: the peer read slowly, or the
+	// receive depth is too small for the traffic.
+	CreditWaits uint64
+	// Messages larger than the inline size go by rendezvous: the receiver
+	// reads them from the sender's memory with RDMA READ.
+	RendezvousSent, RendezvousReceived           uint64
+	RendezvousBytesSent, RendezvousBytesReceived uint64
+}
+
+// Stats is a snapshot of the connection's counters; safe to call at any
+// time, also after Close.
+func (c *Conn) Stats() Stats {
+	c.mu.Lock()
+	s := c.stats
+	c.mu.Unlock()
+	s.Endpoint = c.ep.Stats()
+	return s
+}
+
+// ClientStats counts a Client's calls.
+type ClientStats struct {
+	Calls         uint64 // calls made
+	CallsInFlight int    // calls waiting for their response now
+	Conn          Stats  // the client's connection's
+}
+
+// Stats is a snapshot of the client's counters.
+func (cl *Client) Stats() ClientStats {
+	cl.mu.Lock()
+	s := ClientStats{Calls: cl.nextID, CallsInFlight: len(cl.pending)}
+	cl.mu.Unlock()
+	s.Conn = cl.c.Stats()
+	return s
+}
+
+// ServerStats counts a Server's calls and connections.
+type ServerStats struct {
+	Calls         uint64  // calls answered, with a response or an error
+	Errors        uint64  // of those, answered with an error
+	CallsInFlight int     // handlers running now
+	Conns         []Stats // one for each connection open now
+}
+
+// Stats is a snapshot of the server's counters.
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	st := ServerStats{Calls: s.calls, Errors: s.errors, CallsInFlight: s.active}
+	conns := make([]*Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		st.Conns = append(st.Conns, c.Stats())
+	}
+	return st
+}
+
+// callAnswered counts a call whose answer goes out now.
+func (s *Server) callAnswered(failed bool) {
+	s.mu.Lock()
+	s.calls++
+	if failed {
+		s.errors++
+	}
+	s.mu.Unlock()
+}
