@@ -14,10 +14,14 @@ import (
 	"golang.org/x/image/math/fixed"
 )
 
-// writeChart draws bandwidth against size (log scale): ours solid,
-// perftest thin, one colour per operation.
+// writeChart draws each row's speed relative to its anchor (perftest, or
+// rstream for the stream tests) as a horizontal bar on a log scale around
+// the 1.0 line: bandwidth ours/anchor, latency anchor/ours, so that right
+// of the line is faster than the C tool and left slower.
 func writeChart(path string, rows []row) error {
-	const w, h, left, right, top, bottom = 900, 520, 70, 170, 40, 60
+	rows = chartRows(rows)
+	const rowH, w, labelW, right, top, bottom = 14, 900, 210, 30, 50, 40
+	h := top + bottom + rowH*max(len(rows), 1)
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 	black := color.RGBA{0, 0, 0, 255}
@@ -26,61 +30,75 @@ func writeChart(path string, rows []row) error {
 		d := &font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
 		d.DrawString(s)
 	}
-	maxBW := 1.0
-	for _, r := range rows {
-		if !r.Lat {
-			maxBW = math.Max(maxBW, math.Max(r.Ours, r.Perftest))
+	const lo, hi = -5.0, 3.0 // log2 of the scale's ends: 1/32x to 8x
+	px := func(v float64) int {
+		l := math.Min(math.Max(math.Log2(v), lo), hi)
+		return labelW + int((l-lo)/(hi-lo)*float64(w-labelW-right))
+	}
+	for e := lo; e <= hi; e++ { // x grid, one line per doubling
+		v := math.Exp2(e)
+		c, thick := grey, 1
+		if e == 0 {
+			c, thick = black, 2
+		}
+		line(img, px(v), top-6, px(v), h-bottom, c, thick)
+		label := fmt.Sprintf("%gx", v)
+		if v < 1 {
+			label = fmt.Sprintf("1/%gx", 1/v)
+		}
+		text(px(v)-12, h-bottom+16, label, black)
+	}
+	text(8, 20, "Speed relative to the C tool in the same boot, rxe0 under TCG (bandwidth ours/theirs, latency theirs/ours):", black)
+	text(8, 36, "right of the 1x line is faster than perftest or rstream, left is slower; log scale.", black)
+	slower, faster := color.RGBA{214, 39, 40, 255}, color.RGBA{44, 160, 44, 255}
+	for i, r := range rows {
+		y := top + i*rowH + rowH/2
+		text(8, y+4, fmt.Sprintf("%s %s %s", r.Test, sizeLabel(r.Size), r.Poll), black)
+		v := speed(r)
+		c := faster
+		if v < 1 {
+			c = slower
+		}
+		x0, x1 := px(1), px(v)
+		for x := min(x0, x1); x <= max(x0, x1); x++ {
+			line(img, x, y-4, x, y+4, c, 1)
 		}
 	}
-	maxBW = math.Ceil(maxBW/10) * 10
-	minL, maxL := math.Log2(float64(compareSizes[0])), math.Log2(float64(compareSizes[len(compareSizes)-1]))
-	px := func(size int) int {
-		return left + int((math.Log2(float64(size))-minL)/(maxL-minL)*float64(w-left-right))
-	}
-	py := func(bw float64) int { return h - bottom - int(bw/maxBW*float64(h-top-bottom)) }
-	for i := 0; i <= 5; i++ { // y grid
-		v := maxBW * float64(i) / 5
-		line(img, left, py(v), w-right, py(v), grey, 1)
-		text(8, py(v)+4, fmt.Sprintf("%.0f", v), black)
-	}
-	for _, s := range compareSizes { // x ticks
-		line(img, px(s), top, px(s), h-bottom, grey, 1)
-		label := fmt.Sprintf("%d", s)
-		if s >= 1024 {
-			label = fmt.Sprintf("%dK", s/1024)
-		}
-		text(px(s)-10, h-bottom+18, label, black)
-	}
-	text(left, 24, "Bandwidth (MiB/s) against message size, rxe0 under TCG: ours thick (busy polling), perftest thin", black)
-	text(w/2-60, h-18, "message size (bytes)", black)
-	colors := map[string]color.RGBA{"send_bw": {31, 119, 180, 255}, "write_bw": {214, 39, 40, 255}, "read_bw": {44, 160, 44, 255}, "write_imm_bw": {148, 103, 189, 255}}
-	y := top + 10
-	for _, test := range []string{"send_bw", "write_bw", "read_bw", "write_imm_bw"} {
-		c := colors[test]
-		var prevOurs, prevPt image.Point
-		for i, r := range chartSeries(rows, test) {
-			o := image.Pt(px(r.Size), py(r.Ours))
-			p := image.Pt(px(r.Size), py(r.Perftest))
-			if i > 0 {
-				line(img, prevOurs.X, prevOurs.Y, o.X, o.Y, c, 3)
-				if r.Perftest > 0 {
-					line(img, prevPt.X, prevPt.Y, p.X, p.Y, c, 1)
-				}
-			}
-			prevOurs, prevPt = o, p
-		}
-		line(img, w-right+15, y, w-right+40, y, c, 3)
-		text(w-right+45, y+4, test, black)
-		y += 20
-	}
-	line(img, left, h-bottom, w-right, h-bottom, black, 1)
-	line(img, left, top, left, h-bottom, black, 1)
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	return png.Encode(f, img)
+}
+
+// chartRows are the rows that have both figures, in the table's order.
+func chartRows(rows []row) []row {
+	var out []row
+	for _, r := range rows {
+		if r.Perftest > 0 && r.Ours > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// speed is how many times faster ours is than the anchor.
+func speed(r row) float64 {
+	if r.Lat {
+		return r.Perftest / r.Ours
+	}
+	return r.Ours / r.Perftest
+}
+
+func sizeLabel(size int) string {
+	switch {
+	case size >= 1<<20:
+		return fmt.Sprintf("%dM", size>>20)
+	case size >= 1<<10:
+		return fmt.Sprintf("%dK", size>>10)
+	}
+	return fmt.Sprint(size)
 }
 
 // line draws a straight line of the given thickness.
@@ -102,22 +120,4 @@ func abs(x int) int {
 		return -x
 	}
 	return x
-}
-
-// chartPoll is the polling mode charted for ours: perftest busy-polls.
-const chartPoll = "busy"
-
-// chartSeries is test's rows in size order, ours with chartPoll only: a
-// line through every polling mode's figure would jump up and down at each
-// size.
-func chartSeries(rows []row, test string) []row {
-	var out []row
-	for _, s := range compareSizes {
-		for _, r := range rows {
-			if r.Test == test && r.Size == s && r.Poll == chartPoll {
-				out = append(out, r)
-			}
-		}
-	}
-	return out
 }

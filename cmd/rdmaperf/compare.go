@@ -69,8 +69,9 @@ var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "s
 var streamSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}}
 
 // anchor runs the C tool a test is compared with: perftest's for the
-// verbs tests, rstream (rsockets) for rdmanet's stream tests.
-func anchor(ctx context.Context, test, device, host string, port, size, iters int, lat bool) (float64, error) {
+// verbs tests (in its event mode, -e, when mode is "event"), rstream
+// (rsockets) for rdmanet's stream tests.
+func anchor(ctx context.Context, test, mode, device, host string, port, size, iters int, lat bool) (float64, error) {
 	if _, ok := streamSizes[test]; ok {
 		return runRstream(ctx, test, host, port, size, iters)
 	}
@@ -78,7 +79,33 @@ func anchor(ctx context.Context, test, device, host string, port, size, iters in
 	if !ok {
 		return 0, errNoAnchor
 	}
-	return runPerftest(ctx, tool, device, host, port, size, iters, lat)
+	col, flags := colBWAverage, []string(nil)
+	if lat {
+		col = colTypical
+	}
+	if mode == "event" {
+		flags = []string{"-e"}
+	}
+	return runPerftest(ctx, tool, device, host, port, size, iters, col, flags...)
+}
+
+// anchorModes are the modes of the C tool a test is compared in: its
+// default (busy polling), and for send_lat and read_lat also perftest's
+// event mode, the fair match for ours with event polling (ib_write_lat
+// has none: "Events feature not available on WRITE verb").
+func anchorModes(test string) []string {
+	if test == "send_lat" || test == "read_lat" {
+		return []string{"busy", "event"}
+	}
+	return []string{"busy"}
+}
+
+// anchorMode is the anchor mode our poll mode is compared with.
+func anchorMode(test, poll string) string {
+	if poll == "event" && len(anchorModes(test)) > 1 {
+		return "event"
+	}
+	return "busy"
 }
 
 // errNoAnchor: no C tool measures the test (write_imm_bw).
@@ -136,24 +163,26 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		}
 		for _, size := range sizes {
 			iters := defaultIters(test, size)
-			var pts []float64
+			pts := make(map[string][]float64) // by anchor mode
 			var ptRNR int64
 			ours := make(map[string][]float64)
 			oursRNR := make(map[string]int64)
 			perftest := func() {
 				// perftest itself sometimes hangs on rxe under TCG; its
 				// run is then left out (n/a when no run finished).
-				rnr := rnrDelta(device)
-				pt, err := anchor(ctx, test, device, host, nextPort(), size, iters, lat)
-				ptRNR += rnr()
-				if err == errNoAnchor {
-					return
+				for _, mode := range anchorModes(test) {
+					rnr := rnrDelta(device)
+					pt, err := anchor(ctx, test, mode, device, host, nextPort(), size, iters, lat)
+					ptRNR += rnr()
+					if err == errNoAnchor {
+						return
+					}
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "rdmaperf: the C tool for %s %d B (%s) failed, its figure is left out: %v\n", test, size, mode, err)
+						continue
+					}
+					pts[mode] = append(pts[mode], pt)
 				}
-				if err != nil {
-					fmt.Fprintf(os.Stderr, "rdmaperf: the C tool for %s %d B failed, its figure is left out: %v\n", test, size, err)
-					return
-				}
-				pts = append(pts, pt)
 			}
 			for i := range set.repeat {
 				// perftest goes first in even rounds and last in odd ones,
@@ -184,20 +213,19 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 				}
 			}
 			for _, poll := range polls {
-				add(row{Test: test, Size: size, Poll: poll, Perftest: median(pts), Ours: median(ours[poll]), Lat: lat,
-					PerftestRuns: pts, OursRuns: ours[poll], PerftestRNR: ptRNR, OursRNR: oursRNR[poll]})
+				anchorRuns := pts[anchorMode(test, poll)]
+				add(row{Test: test, Size: size, Poll: poll, Perftest: median(anchorRuns), Ours: median(ours[poll]), Lat: lat,
+					PerftestRuns: anchorRuns, OursRuns: ours[poll], PerftestRNR: ptRNR, OursRNR: oursRNR[poll]})
 			}
 		}
 	}
 	if !slices.Equal(set.tests, deviceTests()) || !slices.Equal(set.sizes, compareSizes) {
 		return nil // a partial comparison is not written or followed by rpc
 	}
-	rpc, err := runOurs(ctx, self, "rpc", host, nextPort(), 64, 500, "event")
+	rpc, err := compareRPC(ctx, self, device, host, nextPort, set.repeat)
 	if err != nil {
-		return fmt.Errorf("rpc: %w", err)
+		return err
 	}
-	fmt.Printf("rpc: %d callers x 500 calls of 64 B: %.0f calls/s, p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n",
-		16, rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
 	if out == "" {
 		return nil
 	}
@@ -212,10 +240,10 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 
 // runPerftest runs a perftest server in the background and its client, over
 // rdma_cm (-R), and returns BW average (MiB/s) or t_typical (µs).
-func runPerftest(ctx context.Context, tool, device, host string, port, size, iters int, lat bool) (float64, error) {
+func runPerftest(ctx context.Context, tool, device, host string, port, size, iters, col int, flags ...string) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
-	args := []string{"-R", "-d", device, "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-p", strconv.Itoa(port)}
+	args := append([]string{"-R", "-d", device, "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-p", strconv.Itoa(port)}, flags...)
 	srv := exec.CommandContext(ctx, tool, args...)
 	if err := srv.Start(); err != nil {
 		return 0, err
@@ -230,21 +258,25 @@ func runPerftest(ctx context.Context, tool, device, host string, port, size, ite
 			break
 		}
 	}
-	return parsePerftest(outText, lat)
+	return parsePerftest(outText, col)
 }
 
-// parsePerftest reads the result line under perftest's "#bytes" header.
-func parsePerftest(text string, lat bool) (float64, error) {
+// Columns of perftest's result line.
+const (
+	colBWAverage = 3 // bandwidth tests: BW average[MB/sec]
+	colMsgRate   = 4 // bandwidth tests: MsgRate[Mpps]
+	colTypical   = 4 // latency tests: t_typical[usec]
+)
+
+// parsePerftest reads column col of the result line under perftest's
+// "#bytes" header.
+func parsePerftest(text string, col int) (float64, error) {
 	lines := strings.Split(text, "\n")
 	for i, l := range lines {
 		if !strings.Contains(l, "#bytes") || i+1 >= len(lines) {
 			continue
 		}
 		f := strings.Fields(lines[i+1])
-		col := 3 // BW average[MB/sec]
-		if lat {
-			col = 4 // t_typical[usec]
-		}
 		if len(f) > col {
 			return strconv.ParseFloat(f[col], 64)
 		}
@@ -253,11 +285,11 @@ func parsePerftest(text string, lat bool) (float64, error) {
 }
 
 // runOurs runs rdmaperf's server (waiting for "ready") and client.
-func runOurs(ctx context.Context, self, test, host string, port, size, iters int, poll string) (result, error) {
+func runOurs(ctx context.Context, self, test, host string, port, size, iters int, poll string, flags ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
 	addr := fmt.Sprintf("%s:%d", host, port)
-	common := []string{"-test", test, "-size", strconv.Itoa(size), "-iters", strconv.Itoa(iters), "-addr", addr, "-poll", poll}
+	common := append([]string{"-test", test, "-size", strconv.Itoa(size), "-iters", strconv.Itoa(iters), "-addr", addr, "-poll", poll}, flags...)
 	srv := exec.CommandContext(ctx, self, append([]string{"-mode", "server"}, common...)...)
 	stdout, err := srv.StdoutPipe()
 	if err != nil {
@@ -329,7 +361,7 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
-func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
+func writeMarkdown(path string, rows []row, rpc []rpcRow, repeat int) error {
 	var b strings.Builder
 	host := os.Getenv("RDMAPERF_HOST") // the machine under the guest, from make bench
 	if host == "" {
@@ -353,7 +385,8 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 		host, strings.TrimSpace(string(kernel)), runtime.NumCPU(), cpu)
 	b.WriteString("Bandwidth is BW average in MiB/s (perftest's MB/sec; higher is better, ratio = ours / perftest). " +
 		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
-		"perftest busy-polls; ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps). " +
+		"Ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps); perftest busy-polls, " +
+		"except in the send_lat and read_lat rows with event polling, which are compared with perftest's own event mode (`-e`; ib_write_lat has none). " +
 		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets, its default " +
 		"non-blocking mode) in the perftest columns, in rstream's shape: 64 KiB writes one way then back, and a 64 B ping-pong; " +
 		"bandwidth counts both directions, latency is the average time per transfer. ")
@@ -362,8 +395,8 @@ func writeMarkdown(path string, rows []row, rpc result, repeat int) error {
 		"the ratio is within this machine's noise.\n\n", repeat)
 	b.WriteString(table(rows))
 	b.WriteString(rnrNote(rows))
-	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
-		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n\n![bandwidth against size](bench.png)\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
+	b.WriteString(rpcTable(rpc))
+	b.WriteString("\n![each test's speed against its C tool](bench.png)\n")
 	if old, err := os.ReadFile(path); err == nil {
 		if i := strings.Index(string(old), keptSection); i >= 0 {
 			b.WriteString(string(old[i:]))
@@ -398,7 +431,7 @@ func deviceSectionHead(device string) string { return "\n## On " + device + "\n"
 
 // writeDeviceSection writes (or replaces) device's section of the
 // BENCHMARKS.md at path and leaves the rest of the file as it was.
-func writeDeviceSection(path, device string, rows []row, rpc result, repeat int) error {
+func writeDeviceSection(path, device string, rows []row, rpc []rpcRow, repeat int) error {
 	old, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -419,8 +452,7 @@ func writeDeviceSection(path, device string, rows []row, rpc result, repeat int)
 		"immediate data, so write_imm_bw is not run.\n\n",
 		strings.TrimSuffix(device, "0"), time.Now().UTC().Format("2006-01-02 15:04 UTC"), device, repeat)
 	b.WriteString(table(rows))
-	fmt.Fprintf(&b, "\nRPC (msg.Client, 16 callers on one connection, 64 B echo, event polling): %.0f calls/s, "+
-		"p50 %.0f µs, p99 %.0f µs, p99.9 %.0f µs.\n", rpc.Calls, rpc.Typical, rpc.P99, rpc.P999)
+	b.WriteString(rpcTable(rpc))
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,15 +27,19 @@ const (
 )
 
 func TestParsePerftestTakesAverageBandwidthAndTypicalLatency(t *testing.T) {
-	bw, err := parsePerftest(sendBWOutput, false)
+	bw, err := parsePerftest(sendBWOutput, colBWAverage)
 	require.NoError(t, err)
 	assert.Equal(t, 54.73, bw, "BW average, not BW peak (72.66): ours is an average too")
 
-	lat, err := parsePerftest(sendLatOutput, true)
+	rate, err := parsePerftest(sendBWOutput, colMsgRate)
+	require.NoError(t, err)
+	assert.Equal(t, 0.000876, rate, "MsgRate, in Mpps")
+
+	lat, err := parsePerftest(sendLatOutput, colTypical)
 	require.NoError(t, err)
 	assert.Equal(t, 10.63, lat, "t_typical")
 
-	_, err = parsePerftest("Couldn't connect to 10.77.0.1:18701\n", false)
+	_, err = parsePerftest("Couldn't connect to 10.77.0.1:18701\n", colBWAverage)
 	assert.ErrorContains(t, err, "no result")
 }
 
@@ -54,7 +59,7 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 			PerftestRuns: []float64{72.99, 44.86, 52.52}, OursRuns: []float64{62.26, 66.41, 51.17}},
 		{Test: "write_imm_bw", Size: 64, Poll: "busy", Ours: 1.93, OursRuns: []float64{1.93}},
 	}
-	require.NoError(t, writeMarkdown(path, rows, result{}, 3))
+	require.NoError(t, writeMarkdown(path, rows, nil, 3))
 	md, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "| read_bw | 65536 | busy | 52.52 | 62.26 | 1.19 | 44.86-72.99 | 51.17-66.41 |\n")
@@ -68,12 +73,12 @@ func TestMarkdownKeepsTheEarlierRunsSection(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
 	kept := keptSection + "\n| earlier | figures |\n"
 	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nold table\n"+kept), 0o644))
-	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	require.NoError(t, writeMarkdown(path, nil, nil, 3))
 	got, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.NotContains(t, string(got), "old table")
 	assert.True(t, strings.HasSuffix(string(got), kept), "the kept section is carried over whole, at the end")
-	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	require.NoError(t, writeMarkdown(path, nil, nil, 3))
 	again, _ := os.ReadFile(path)
 	assert.Equal(t, 1, strings.Count(string(again), keptSection), "and only once")
 }
@@ -99,21 +104,25 @@ func TestReadCounter(t *testing.T) {
 	assert.False(t, ok, "no device, no counter")
 }
 
-func TestChartSeriesIsBusyPollingInSizeOrder(t *testing.T) {
-	var rows []row
-	for i := len(compareSizes) - 1; i >= 0; i-- {
-		for _, poll := range []string{"event", "busy"} {
-			rows = append(rows, row{Test: "send_bw", Size: compareSizes[i], Poll: poll, Ours: float64(i)})
-		}
+func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
+	rows := []row{
+		{Test: "send_bw", Size: 65536, Poll: "busy", Perftest: 40, Ours: 20},
+		{Test: "send_lat", Size: 64, Poll: "event", Perftest: 120, Ours: 240, Lat: true},
+		{Test: "write_imm_bw", Size: 64, Poll: "busy", Ours: 1.2}, // no anchor: not charted
 	}
-	rows = append(rows, row{Test: "write_bw", Size: 64, Poll: "busy"})
-	got := chartSeries(rows, "send_bw")
-	require.Len(t, got, len(compareSizes), "one point per size")
-	for i, r := range got {
-		assert.Equal(t, compareSizes[i], r.Size)
-		assert.Equal(t, "busy", r.Poll)
-	}
-	require.NoError(t, writeChart(filepath.Join(t.TempDir(), "bench.png"), rows))
+	got := chartRows(rows)
+	require.Len(t, got, 2)
+	assert.Equal(t, 0.5, speed(got[0]), "bandwidth: ours / perftest")
+	assert.Equal(t, 0.5, speed(got[1]), "latency: perftest / ours, so that higher is faster")
+	assert.Equal(t, "64K", sizeLabel(65536))
+	path := filepath.Join(t.TempDir(), "bench.png")
+	require.NoError(t, writeChart(path, rows))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	assert.Greater(t, img.Bounds().Dy(), 2*14, "a bar per charted row")
 }
 
 // make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
@@ -123,17 +132,17 @@ func TestDeviceSectionSurvivesBothWriters(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nrxe table\n"+keptSection+"\n| earlier |\n"), 0o644))
 	siwRows := []row{{Test: "send_bw", Size: 64, Poll: "busy", Perftest: 2, Ours: 1, PerftestRuns: []float64{2}, OursRuns: []float64{1}},
 		{Test: "read_lat", Size: 64, Poll: "event", Perftest: 30, PerftestRuns: []float64{30}}}
-	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, result{Calls: 1234}, 3))
-	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, result{Calls: 1234}, 3))
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, []rpcRow{{Callers: 16, Calls: 1234}}, 3))
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, []rpcRow{{Callers: 16, Calls: 1234}}, 3))
 	md, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(string(md), deviceSectionHead("siw0")), "replaced, not repeated")
 	assert.Contains(t, string(md), "rxe table", "the rest is left as it was")
 	assert.Contains(t, string(md), "| send_bw | 64 | busy | 2.00 | 1.00 | 0.50 | 2.00-2.00 | 1.00-1.00 |\n")
 	assert.Contains(t, string(md), "| read_lat | 64 | event | 30.00 | n/a | n/a | 30.00-30.00 | n/a |\n", "a side with no run says n/a")
-	assert.Contains(t, string(md), "1234 calls/s")
+	assert.Contains(t, string(md), "| 16 | 1234 |")
 
-	require.NoError(t, writeMarkdown(path, nil, result{}, 3))
+	require.NoError(t, writeMarkdown(path, nil, nil, 3))
 	md, err = os.ReadFile(path)
 	require.NoError(t, err)
 	assert.NotContains(t, string(md), "rxe table", "rxe's part is rewritten")
@@ -161,4 +170,23 @@ func TestParseRstream(t *testing.T) {
 	require.InDelta(t, 1.72e9/8/(1<<20), bw, 1e-6)
 	_, err = parseRstream("rstream: connection refused\n", true)
 	require.Error(t, err)
+}
+
+func TestEventLatencyRowsAreComparedWithPerftestEventMode(t *testing.T) {
+	assert.Equal(t, []string{"busy", "event"}, anchorModes("send_lat"))
+	assert.Equal(t, "event", anchorMode("send_lat", "event"))
+	assert.Equal(t, "busy", anchorMode("send_lat", "hybrid"))
+	assert.Equal(t, "busy", anchorMode("write_lat", "event"), "ib_write_lat has no event mode")
+	assert.Equal(t, []string{"busy"}, anchorModes("send_bw"), "bandwidth keeps perftest's default")
+	assert.Equal(t, "busy", anchorMode("send_bw", "event"))
+	assert.Equal(t, "busy", anchorMode("stream_lat", "event"), "rstream has no event mode of its own")
+}
+
+func TestRPCTableRatiosAgainstTheMessageRate(t *testing.T) {
+	md := rpcTable([]rpcRow{
+		{Callers: 16, Calls: 5000, P50: 3100, P99: 9000, Rate: 50000, CallsRuns: []float64{4800, 5000, 5300}, RateRuns: []float64{41000, 50000, 54000}},
+		{Callers: 64, Calls: 4000, P50: 15000, P99: 30000, CallsRuns: []float64{4000}},
+	})
+	assert.Contains(t, md, "| 16 | 5000 | 3100 | 9000 | 50000 | 0.100 | 4800-5300 | 41000-54000 |\n")
+	assert.Contains(t, md, "| 64 | 4000 | 15000 | 30000 | n/a | n/a | 4000-4000 | n/a |\n")
 }
