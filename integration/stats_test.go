@@ -82,3 +82,41 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	require.NoError(t, s.Shutdown(ctx))
 	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
+
+// TestRendezvousRegionsAreReused: a connection keeps its rendezvous regions
+// registered from one message to the next (both sides), never hands out a
+// byte of an earlier message, and frees them all when it closes (the
+// resource check); with the cache off every message maps its own.
+func TestRendezvousRegionsAreReused(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		cache  int
+		reused bool
+	}{{"cached", 16 << 20, true}, {"off", 0, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testContext(t)
+			rxetest.CheckResources(t)
+			client, server, _ := msgPair(t, ctx, msg.WithRendezvousCache(c.cache))
+			sizes := []int{1 << 20, 1 << 20, 700 << 10, 1 << 20, 5000, 5000}
+			for i, n := range sizes {
+				want := bytes.Repeat([]byte{byte(i + 1)}, n)
+				sent := make(chan error, 1)
+				go func() { sent <- client.Send(ctx, want) }()
+				got, err := server.Recv(ctx)
+				require.NoError(t, err)
+				require.NoError(t, <-sent)
+				require.True(t, bytes.Equal(want, got), "message %d (%d B) intact, nothing of an earlier one", i, n)
+			}
+			cs, ss := client.Stats(), server.Stats()
+			// The 1 MiB and 700 KiB messages share the 1 MiB class, the
+			// 5000 B ones the 64 KiB class: one miss per class, each side.
+			if c.reused {
+				require.Equal(t, uint64(len(sizes)-2), cs.RegionCacheHits, "sender")
+				require.Equal(t, uint64(len(sizes)-2), ss.RegionCacheHits, "receiver")
+			} else {
+				require.Zero(t, cs.RegionCacheHits+ss.RegionCacheHits)
+			}
+			require.Equal(t, uint64(len(sizes)), cs.RegionCacheHits+cs.RegionCacheMisses)
+		})
+	}
+}

@@ -62,7 +62,7 @@ func (m *Message) Release() {
 			m.c.repost(m.buf)
 			return
 		}
-		m.region.Close()
+		m.c.rv.put(m.region, bufpool.RemoteWrite)
 		m.c.grant()
 	})
 }
@@ -85,6 +85,7 @@ type Conn struct {
 	err     error         // why the connection ended
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
+	rv      *regionCache // rendezvous regions, both directions
 	// For keepalives: when this side last sent and heard, and how many
 	// credits it granted and messages it received in all (the peer's
 	// credits are recvDepth + granted - received).
@@ -150,6 +151,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
+		rv:    newRegionCache(ep.PD(), o.rvCache),
 		inbox: make(chan *Message, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
@@ -367,6 +369,7 @@ func (c *Conn) Close() error {
 			delete(c.rvSend, id)
 		}
 		c.mu.Unlock()
+		c.rv.close()
 		errs = append(errs, c.recvPool.Close(), c.sendPool.Close())
 		c.closeErr = errors.Join(errs...)
 	})
@@ -646,7 +649,7 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 	if len(payload) > maxRendezvous {
 		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", len(payload), maxRendezvous)
 	}
-	region, err := bufpool.NewRegion(c.ep.PD(), len(payload), bufpool.RemoteRead)
+	region, err := c.rv.get(len(payload), bufpool.RemoteRead)
 	if err != nil {
 		return err
 	}
@@ -664,14 +667,14 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 	c.mu.Unlock()
 
 	remote := region.Remote()
-	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(remote.Len)}
+	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(len(payload))}
 	var body [rendezvousInfoSize]byte
 	info.encode(body[:])
 	if err := c.send(ctx, TypeRendezvous, id, body[:]); err != nil {
 		c.mu.Lock()
 		if _, ok := c.rvSend[rv]; ok { // never offered: nobody will read it
 			delete(c.rvSend, rv)
-			region.Close()
+			c.rv.put(region, bufpool.RemoteRead)
 		}
 		c.mu.Unlock()
 		return err

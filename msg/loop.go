@@ -52,7 +52,7 @@ func (c *Conn) run() {
 				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
 				continue
 			}
-			c.inbox <- &Message{Type: rr.info.Type, ID: rr.hdr.ID, Payload: rr.region.Bytes(), c: c, region: rr.region}
+			c.inbox <- &Message{Type: rr.info.Type, ID: rr.hdr.ID, Payload: rr.region.Bytes()[:rr.info.Length], c: c, region: rr.region}
 			c.mu.Lock()
 			c.stats.RendezvousReceived++
 			c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
@@ -135,7 +135,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		if !ok {
 			return fmt.Errorf("%w: done for rendezvous %d, which is not pending", ErrMalformed, h.ID)
 		}
-		p.region.Close()
+		c.rv.put(p.region, bufpool.RemoteRead)
 		close(p.done)
 	case TypeRendezvous:
 		var info rendezvousInfo
@@ -173,7 +173,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 // The region is registered for remote write, as iWARP requires of a READ's
 // sink; its key never leaves this side.
 func (c *Conn) readRendezvous(info rendezvousInfo, h Header) error {
-	region, err := bufpool.NewRegion(c.ep.PD(), int(info.Length), bufpool.RemoteWrite)
+	region, err := c.rv.get(int(info.Length), bufpool.RemoteWrite)
 	if err != nil {
 		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
 	}

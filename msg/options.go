@@ -21,6 +21,7 @@ type options struct {
 
 	keepalive        time.Duration
 	keepaliveTimeout time.Duration
+	rvCache          int // bytes of rendezvous regions kept registered
 }
 
 // Option configures Dial, Listen and Conn.
@@ -28,7 +29,7 @@ type Option func(*options)
 
 func newOptions(opts []Option) (options, error) {
 	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
-		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second}
+		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -37,6 +38,9 @@ func newOptions(opts []Option) (options, error) {
 	}
 	if o.keepalive > 0 && o.keepaliveTimeout > 0 && o.keepaliveTimeout < 2*o.keepalive {
 		return o, errorf("keepalive timeout %v: at least twice the interval %v", o.keepaliveTimeout, o.keepalive)
+	}
+	if o.rvCache < 0 {
+		return o, errorf("rendezvous cache of %d bytes: at least 0", o.rvCache)
 	}
 	if o.bufSize < HeaderSize+rendezvousInfoSize {
 		return o, errorf("buffer size %d: at least %d", o.bufSize, HeaderSize+rendezvousInfoSize)
@@ -65,6 +69,14 @@ func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
 func WithCMOptions(opts ...cm.Option) Option {
 	return func(o *options) { o.cmOpts = append(o.cmOpts, opts...) }
 }
+
+// WithRendezvousCache sets how many bytes of rendezvous regions each
+// connection keeps registered between messages, each side for its own
+// (default 16 MiB; 0 keeps none). Mapping and registering a region for
+// each large message costs more than moving it; a kept region costs
+// pinned memory while the connection lives. Regions are sized in powers of
+// two from 64 KiB, so an 8 MiB message reuses one 8 MiB region.
+func WithRendezvousCache(bytes int) Option { return func(o *options) { o.rvCache = bytes } }
 
 // WithLogger logs through l (silent by default).
 func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }

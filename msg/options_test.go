@@ -29,3 +29,21 @@ func TestCMOptionsMsgOwnsAreRefused(t *testing.T) {
 	_, err := newOptions([]Option{WithCMOptions(cm.WithPolling(endpoint.PollHybrid, time.Millisecond), cm.WithAckTimeout(time.Second))})
 	require.NoError(t, err, "options msg does not own pass")
 }
+
+func TestRendezvousCacheSize(t *testing.T) {
+	o, err := newOptions(nil)
+	require.NoError(t, err)
+	require.Equal(t, 16<<20, o.rvCache, "the default")
+	_, err = newOptions([]Option{WithRendezvousCache(0)})
+	require.NoError(t, err, "0 keeps nothing")
+	_, err = newOptions([]Option{WithRendezvousCache(-1)})
+	require.ErrorContains(t, err, "rendezvous cache")
+}
+
+func TestRegionClasses(t *testing.T) {
+	require.Equal(t, minRegionClass, regionClass(1))
+	require.Equal(t, minRegionClass, regionClass(minRegionClass))
+	require.Equal(t, 2*minRegionClass, regionClass(minRegionClass+1))
+	require.Equal(t, 8<<20, regionClass(8<<20), "an 8 MiB message takes an 8 MiB region")
+	require.Equal(t, 1<<31, regionClass(maxRendezvous))
+}

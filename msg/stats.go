@@ -19,6 +19,10 @@ type Stats struct {
 	// reads them from the sender's memory with RDMA READ.
 	RendezvousSent, RendezvousReceived           uint64
 	RendezvousBytesSent, RendezvousBytesReceived uint64
+	// Rendezvous regions taken from the connection's cache (hits) and
+	// mapped and registered anew (misses), both directions
+	// (WithRendezvousCache).
+	RegionCacheHits, RegionCacheMisses uint64
 }
 
 // Stats is a snapshot of the connection's counters; safe to call at any
@@ -27,6 +31,7 @@ func (c *Conn) Stats() Stats {
 	c.mu.Lock()
 	s := c.stats
 	c.mu.Unlock()
+	s.RegionCacheHits, s.RegionCacheMisses = c.rv.counts()
 	s.Endpoint = c.ep.Stats()
 	return s
 }

@@ -62,18 +62,28 @@ type compareSet struct {
 }
 
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
-	"stream_bw", "stream_lat"}
+	"stream_bw", "stream_lat", "rendezvous"}
 
-// streamSizes are the stream tests' sizes, the issue's: 64 KiB writes for
-// bandwidth, 64 B ping-pong for latency; the verbs tests run every size.
-var streamSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}}
+// fixedSizes are the sizes of the tests that run one, the issues': 64 KiB
+// writes for stream bandwidth, 64 B ping-pong for stream latency, 8 MiB
+// messages for rendezvous; the verbs tests run every size.
+var fixedSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}, "rendezvous": {8 << 20}}
+
+// rendezvousAnchorSize is the ib_read_bw message size rendezvous is
+// compared with: RDMA READ at the size where it reaches its bandwidth.
+const rendezvousAnchorSize = 1 << 20
 
 // anchor runs the C tool a test is compared with: perftest's for the
 // verbs tests (in its event mode, -e, when mode is "event"), rstream
-// (rsockets) for rdmanet's stream tests.
+// (rsockets) for rdmanet's stream tests, ib_read_bw at 1 MiB for msg's
+// rendezvous.
 func anchor(ctx context.Context, test, mode, device, host string, port, size, iters int, lat bool) (float64, error) {
-	if _, ok := streamSizes[test]; ok {
+	switch test {
+	case "stream_bw", "stream_lat":
 		return runRstream(ctx, test, host, port, size, iters)
+	case "rendezvous":
+		s := rendezvousAnchorSize
+		return runPerftest(ctx, "ib_read_bw", device, host, port, s, defaultIters("read_bw", s), colBWAverage)
 	}
 	tool, ok := perftestTool[test]
 	if !ok {
@@ -158,7 +168,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 			polls = []string{"busy", "hybrid", "event"}
 		}
 		sizes := set.sizes
-		if s, ok := streamSizes[test]; ok {
+		if s, ok := fixedSizes[test]; ok {
 			sizes = s
 		}
 		for _, size := range sizes {
@@ -389,7 +399,8 @@ func writeMarkdown(path string, rows []row, rpc []rpcRow, repeat int) error {
 		"except in the send_lat and read_lat rows with event polling, which are compared with perftest's own event mode (`-e`; ib_write_lat has none). " +
 		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets, its default " +
 		"non-blocking mode) in the perftest columns, in rstream's shape: 64 KiB writes one way then back, and a 64 B ping-pong; " +
-		"bandwidth counts both directions, latency is the average time per transfer. ")
+		"bandwidth counts both directions, latency is the average time per transfer. " +
+		"rendezvous is msg's large messages, 8 MiB each sent in turn (the receiver pulls each with RDMA READ), against ib_read_bw at 1 MiB. ")
 	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate. "+
 		"The last two columns are the lowest and highest run of each side: where they overlap, "+
 		"the ratio is within this machine's noise.\n\n", repeat)

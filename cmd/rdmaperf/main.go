@@ -1,7 +1,8 @@
 // Command rdmaperf measures this library the way perftest measures verbs:
 // bandwidth (send, write, read, write with immediate), latency (send,
 // write, read: typical and percentiles; send and write as half the round
-// trip, read as the whole, like ib_*_lat), and RPC calls/s.
+// trip, read as the whole, like ib_*_lat), rdmanet streams against
+// rstream, msg's rendezvous messages, and RPC calls/s.
 //
 //	rdmaperf -mode server -test send_bw -size 65536 -addr 10.0.0.1:18600 &
 //	rdmaperf -mode client -test send_bw -size 65536 -addr 10.0.0.1:18600
@@ -65,7 +66,7 @@ func main() {
 	mode := flag.String("mode", "", "server or client")
 	compare := flag.Bool("compare", false, "run perftest and rdmaperf in turn (needs rxe0; run under bin/rxevm)")
 	out := flag.String("out", "", "with -compare: write BENCHMARKS.md and bench.png here")
-	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, rpc")
+	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, stream_bw, stream_lat, rendezvous, rpc")
 	size := flag.Int("size", 65536, "message size in bytes")
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
@@ -191,6 +192,8 @@ func defaultIters(test string, size int) int {
 	switch {
 	case test == "rpc":
 		return 500
+	case test == "rendezvous":
+		return 16
 	case size <= 4096 && lat:
 		return 2000
 	case size <= 4096:

@@ -123,6 +123,8 @@ func serve(ctx context.Context, cfg config) error {
 		return serveRPC(ctx, cfg)
 	case "stream_bw", "stream_lat":
 		return serveStream(ctx, cfg)
+	case "rendezvous":
+		return serveRendezvous(ctx, cfg)
 	}
 	l, err := cm.Listen(ctx, cfg.addr)
 	if err != nil {
@@ -299,6 +301,8 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 		return rpcClient(ctx, cfg)
 	case "stream_bw", "stream_lat":
 		return streamClient(ctx, cfg)
+	case "rendezvous":
+		return rendezvousClient(ctx, cfg)
 	}
 	var p peer
 	var err error
