@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -69,7 +70,13 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	wg.Wait()
 	_, err = cl.Call(ctx, "fail", nil)
 	require.Error(t, err)
-	st := s.Stats()
+	// The server counts a call once its answer has gone to the connection,
+	// which can be just after the caller has it.
+	var st msg.ServerStats
+	require.Eventually(t, func() bool {
+		st = s.Stats()
+		return st.CallsInFlight == 0
+	}, 10*time.Second, time.Millisecond, "every handler ends")
 	require.Equal(t, uint64(callers*calls+1), st.Calls)
 	require.Equal(t, uint64(1), st.Errors)
 	require.Zero(t, st.CallsInFlight)

@@ -609,13 +609,11 @@ func (c *Conn) flush(ctx context.Context) error {
 	return err
 }
 
-// takeCreditLocked spends a credit on h and puts the credits owed to the
-// peer in it; c.mu is held.
+// takeCreditLocked spends a credit on h, puts the credits owed to the
+// peer in it and counts it sent; c.mu is held. post undoes it all when the
+// endpoint refuses the message.
 func (c *Conn) takeCreditLocked(h *Header) {
-	c.stats.MessagesSent++
-	if h.Type == TypeCredit {
-		c.stats.CreditMessagesSent++
-	}
+	c.countSent(h, 1)
 	c.credits--
 	h.Credits = uint32(c.toGrant)
 	c.granted += c.toGrant
@@ -623,13 +621,23 @@ func (c *Conn) takeCreditLocked(h *Header) {
 	c.lastSend = time.Now()
 }
 
+// countSent adds n (1, or -1 to undo) to the counts of messages sent like
+// h; c.mu is held.
+func (c *Conn) countSent(h *Header, n uint64) {
+	c.stats.MessagesSent += n
+	if h.Type == TypeCredit {
+		c.stats.CreditMessagesSent += n
+	}
+}
+
 // post sends b; if the endpoint refuses, the credit and the grants it
-// carried are given back.
+// carried are given back, and the message is not counted.
 func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
 	err := c.ep.PostSend(sendToken{}, b, HeaderSize+int(h.Length))
 	if err != nil {
 		c.sendPool.Put(b)
 		c.mu.Lock()
+		c.countSent(h, ^uint64(0))
 		c.credits++
 		c.toGrant += int(h.Credits)
 		c.granted -= int(h.Credits)

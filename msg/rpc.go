@@ -237,13 +237,13 @@ func (s *Server) serveConn(c *Conn) {
 		m.Release() // the request is copied: the credit goes back now
 		s.callStarts()
 		go func() {
-			defer s.callEnds()
+			failed := false
+			defer func() { s.callEnds(failed) }()
 			resp, herr := s.call(ctx, c, method, req)
 			typ := TypeResponse
 			if herr != nil {
-				typ, resp = TypeError, encodeError(herr)
+				typ, resp, failed = TypeError, encodeError(herr), true
 			}
-			s.callAnswered(herr != nil)
 			c.send(ctx, typ, id, resp) // fails only when the connection has ended
 		}()
 	}
@@ -267,17 +267,21 @@ func (s *Server) call(ctx context.Context, c *Conn, method string, req []byte) (
 	return s.h(ctx, method, req)
 }
 
-// callStarts and callEnds count running handlers. (Not a WaitGroup:
-// calls still arrive while Shutdown waits, and a WaitGroup's Add must not
-// race with its Wait.)
+// callStarts and callEnds count running handlers, callEnds also the calls
+// answered, failed ones apart. (Not a WaitGroup: calls still arrive while
+// Shutdown waits, and a WaitGroup's Add must not race with its Wait.)
 func (s *Server) callStarts() {
 	s.mu.Lock()
 	s.active++
 	s.mu.Unlock()
 }
 
-func (s *Server) callEnds() {
+func (s *Server) callEnds(failed bool) {
 	s.mu.Lock()
+	s.calls++
+	if failed {
+		s.errors++
+	}
 	s.active--
 	if s.active == 0 && s.idle != nil {
 		close(s.idle)

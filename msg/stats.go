@@ -54,10 +54,13 @@ func (cl *Client) Stats() ClientStats {
 
 // ServerStats counts a Server's calls and connections.
 type ServerStats struct {
-	Calls         uint64  // calls answered, with a response or an error
-	Errors        uint64  // of those, answered with an error
-	CallsInFlight int     // handlers running now
-	Conns         []Stats // one for each connection open now
+	// Calls answered, with a response or an error, counted once the
+	// answer has gone to the connection; Errors are those answered with an
+	// error. CallsInFlight are being handled or answered now.
+	Calls, Errors uint64
+	CallsInFlight int
+
+	Conns []Stats // one for each connection open now
 }
 
 // Stats is a snapshot of the server's counters.
@@ -73,14 +76,4 @@ func (s *Server) Stats() ServerStats {
 		st.Conns = append(st.Conns, c.Stats())
 	}
 	return st
-}
-
-// callAnswered counts a call whose answer goes out now.
-func (s *Server) callAnswered(failed bool) {
-	s.mu.Lock()
-	s.calls++
-	if failed {
-		s.errors++
-	}
-	s.mu.Unlock()
 }

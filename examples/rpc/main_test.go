@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,17 +51,16 @@ func TestMetricsCountTheCalls(t *testing.T) {
 	_, err = cl.Call(ctx, "kv.get", []byte("nothing here"))
 	require.ErrorIs(t, err, msg.CodeNotFound)
 
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	text := string(body)
+	// The server counts a call once its answer has gone to the
+	// connection, which can be just after the caller has it.
+	var text string
+	require.Eventually(t, func() bool {
+		text = scrape("http://" + metricsAddr + "/metrics")
+		return strings.Contains(text, "\nrdmacm_rpc_calls_in_flight 0\n")
+	}, 10*time.Second, 10*time.Millisecond, "every handler ends")
 	require.Contains(t, text, "\nrdmacm_rpc_calls_total 21\n")
 	require.Contains(t, text, "\nrdmacm_rpc_call_errors_total 1\n")
 	require.Contains(t, text, "\nrdmacm_rpc_connections 1\n")
-	require.Contains(t, text, "\nrdmacm_rpc_calls_in_flight 0\n")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_send_doorbells gauge")
 
 	require.NoError(t, cl.Close())
@@ -70,4 +70,19 @@ func TestMetricsCountTheCalls(t *testing.T) {
 	}
 	_, err = http.Get("http://" + metricsAddr + "/metrics")
 	require.Error(t, err, "the metrics server stops with the service")
+}
+
+// scrape GETs url and returns the body of its 200 answer ("" on any
+// failure: it runs inside require.Eventually, away from the test goroutine).
+func scrape(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return string(body)
 }
