@@ -71,7 +71,7 @@ func OpenPD(ctx context.Context, host string) (*PD, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ai, err := verbs.GetAddrInfo(host, "0", true)
+	ai, err := verbs.GetAddrInfo(host, "0", true, verbs.PortSpaceTCP)
 	if err != nil {
 		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
 	}

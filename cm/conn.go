@@ -8,12 +8,11 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/endpoint"
-	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -52,66 +51,9 @@ const rejectNoListener = 8
 // Unwrap makes the error match syscall.ECONNREFUSED.
 func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }
 
-var pastTime = time.Unix(1, 0)
-
-// channel is one CM event channel and the netpoller wait on it. One
-// goroutine at a time reads it.
-type channel struct {
-	ch   *verbs.EventChannel
-	wait *fdwait.Waiter
-	// what the last take found
-	ev     *verbs.Event
-	getErr error
-}
-
-func newChannel() (*channel, error) {
-	ch, err := verbs.NewEventChannel()
-	if err != nil {
-		return nil, err
-	}
-	c := &channel{ch: ch}
-	if c.wait, err = fdwait.New(ch.Fd(), "rdma_cm event channel", c.take); err != nil {
-		ch.Destroy()
-		return nil, err
-	}
-	return c, nil
-}
-
-// take is the non-blocking read fdwait calls: false when no event is pending.
-func (c *channel) take() bool {
-	c.ev, c.getErr = c.ch.GetEvent()
-	return c.getErr != syscall.EAGAIN
-}
-
-// next returns the next event, waiting until ctx ends. The caller acks it.
-func (c *channel) next(ctx context.Context) (*verbs.Event, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	deadline, _ := ctx.Deadline()
-	c.wait.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { c.wait.SetDeadline(pastTime) })
-	defer stop()
-	if err := c.wait.Wait(); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
-	}
-	ev, err := c.ev, c.getErr
-	c.ev, c.getErr = nil, nil
-	return ev, err
-}
-
-// destroy frees the channel; every id on it must be destroyed.
-func (c *channel) destroy() {
-	c.wait.Close()
-	c.ch.Destroy()
-}
-
-// expect waits for the event that ends one step of connection setup.
-func (c *channel) expect(ctx context.Context, want verbs.EventType, step string) (*verbs.Event, error) {
-	ev, err := c.next(ctx)
+// expect waits on c for the event that ends one step of connection setup.
+func expect(ctx context.Context, c *cmevent.Channel, want verbs.EventType, step string) (*verbs.Event, error) {
+	ev, err := c.Next(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cm: %s: %w", step, err)
 	}
@@ -147,7 +89,7 @@ func eventError(ev *verbs.Event, step string) error {
 // endpoint lives.
 type conn struct {
 	id  *verbs.CMID
-	ch  *channel
+	ch  *cmevent.Channel
 	ctl *seam.Control
 	log zerolog.Logger
 
@@ -164,7 +106,7 @@ type setupResult struct {
 	privateData []byte
 }
 
-func newConn(id *verbs.CMID, ch *channel, log zerolog.Logger) *conn {
+func newConn(id *verbs.CMID, ch *cmevent.Channel, log zerolog.Logger) *conn {
 	return &conn{id: id, ch: ch, log: log, stopping: make(chan struct{}), loopDone: make(chan struct{}),
 		setup: make(chan setupResult, 1)}
 }
@@ -222,7 +164,7 @@ func (c *conn) run() {
 	defer close(c.loopDone)
 	established := false
 	for {
-		ev, err := c.ch.next(context.Background())
+		ev, err := c.ch.Next(context.Background())
 		if err != nil {
 			select {
 			case <-c.stopping:
@@ -264,9 +206,9 @@ func (c *conn) run() {
 // runs as the endpoint's onClose, after the QP and CQ are gone.
 func (c *conn) close() error {
 	c.stopOnce.Do(func() { close(c.stopping) })
-	c.ch.wait.Close()
+	c.ch.StopWaiting()
 	<-c.loopDone
 	err := c.id.Destroy()
-	c.ch.ch.Destroy()
+	c.ch.Destroy()
 	return err
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -45,19 +46,19 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 	if err != nil {
 		return fail(err)
 	}
-	ai, err := verbs.GetAddrInfo(host, port, false)
+	ai, err := verbs.GetAddrInfo(host, port, false, verbs.PortSpaceTCP)
 	if err != nil {
 		return fail(err)
 	}
 	defer ai.Free()
 
-	ch, err := newChannel()
+	ch, err := cmevent.New()
 	if err != nil {
 		return fail(err)
 	}
-	id, err := verbs.CreateID(ch.ch)
+	id, err := verbs.CreateID(ch.EC, verbs.PortSpaceTCP)
 	if err != nil {
-		ch.destroy()
+		ch.Destroy()
 		return fail(err)
 	}
 	ep, err := dialOn(ctx, id, ch, ai, o)
@@ -77,17 +78,17 @@ func hint(host string, err error) string {
 
 // dialOn runs resolve addr, resolve route, create QP, connect on id. On
 // failure it frees everything it was given.
-func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
+func dialOn(ctx context.Context, id *verbs.CMID, ch *cmevent.Channel, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
 	fail := func(err error) (*endpoint.Endpoint, error) {
 		id.Destroy()
-		ch.destroy()
+		ch.Destroy()
 		return nil, err
 	}
 	timeout := resolveTimeout(ctx, o.resolveTimeout)
 	if err := id.ResolveAddr(ai, timeout); err != nil {
 		return fail(err)
 	}
-	ev, err := ch.expect(ctx, verbs.EventAddrResolved, "resolving the address")
+	ev, err := expect(ctx, ch, verbs.EventAddrResolved, "resolving the address")
 	if err != nil {
 		return fail(err)
 	}
@@ -95,7 +96,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *channel, ai *verbs.AddrInfo
 	if err := id.ResolveRoute(resolveTimeout(ctx, o.resolveTimeout)); err != nil {
 		return fail(err)
 	}
-	if ev, err = ch.expect(ctx, verbs.EventRouteResolved, "resolving the route"); err != nil {
+	if ev, err = expect(ctx, ch, verbs.EventRouteResolved, "resolving the route"); err != nil {
 		return fail(err)
 	}
 	ev.Ack()

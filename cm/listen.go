@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -18,7 +19,7 @@ var ErrListenerClosed = fmt.Errorf("cm: listener closed: %w", net.ErrClosed)
 // Listener accepts RDMA connections on one address.
 type Listener struct {
 	id   *verbs.CMID
-	ch   *channel
+	ch   *cmevent.Channel
 	o    listenOptions
 	addr net.Addr
 
@@ -44,7 +45,7 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	ai, err := verbs.GetAddrInfo(host, port, true)
+	ai, err := verbs.GetAddrInfo(host, port, true, verbs.PortSpaceTCP)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
@@ -55,17 +56,17 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	ch, err := newChannel()
+	ch, err := cmevent.New()
 	if err != nil {
 		id.DestroyEP()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	fail := func(err error) (*Listener, error) {
 		id.DestroyEP()
-		ch.destroy()
+		ch.Destroy()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	if err := id.Migrate(ch.ch); err != nil {
+	if err := id.Migrate(ch.EC); err != nil {
 		return fail(err)
 	}
 	if err := id.Listen(o.backlog); err != nil {
@@ -101,7 +102,7 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 // one of Accept and Reject must be called.
 type Request struct {
 	id          *verbs.CMID
-	ch          *channel
+	ch          *cmevent.Channel
 	o           connOptions // the listener's
 	respRes     int
 	initDepth   int
@@ -126,7 +127,7 @@ func (r *Request) LocalAddr() net.Addr { return r.localAddr }
 func (l *Listener) run() {
 	defer close(l.loopDone)
 	for {
-		ev, err := l.ch.next(context.Background())
+		ev, err := l.ch.Next(context.Background())
 		if err != nil {
 			select {
 			case <-l.closing:
@@ -145,10 +146,10 @@ func (l *Listener) run() {
 			respRes: ev.InitiatorDepth, initDepth: ev.ResponderResources,
 			remoteAddr: ev.ID.RemoteAddr(), localAddr: ev.ID.LocalAddr()}
 		ev.Ack()
-		if req.ch, err = newChannel(); err == nil {
-			err = req.id.Migrate(req.ch.ch)
+		if req.ch, err = cmevent.New(); err == nil {
+			err = req.id.Migrate(req.ch.EC)
 			if err != nil {
-				req.ch.destroy()
+				req.ch.Destroy()
 				req.ch = nil
 			}
 		}
@@ -255,7 +256,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 // most 148 bytes).
 func (r *Request) Reject(privateData []byte) error {
 	err := r.id.Reject(privateData)
-	return errors.Join(err, r.id.Destroy(), func() error { r.ch.destroy(); return nil }())
+	return errors.Join(err, r.id.Destroy(), func() error { r.ch.Destroy(); return nil }())
 }
 
 // Close stops listening and rejects the requests not yet accepted.
@@ -264,7 +265,7 @@ func (r *Request) Reject(privateData []byte) error {
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
-		errs := []error{l.ch.wait.Close()}
+		errs := []error{l.ch.StopWaiting()}
 		<-l.loopDone
 		for {
 			select {
@@ -276,7 +277,7 @@ func (l *Listener) Close() error {
 			break
 		}
 		l.id.DestroyEP()
-		l.ch.ch.Destroy()
+		l.ch.Destroy()
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr

@@ -79,6 +79,8 @@ const (
 	EventDeviceRemoval   EventType = C.RDMA_CM_EVENT_DEVICE_REMOVAL
 	EventAddrChange      EventType = C.RDMA_CM_EVENT_ADDR_CHANGE
 	EventTimewaitExit    EventType = C.RDMA_CM_EVENT_TIMEWAIT_EXIT
+	EventMulticastJoin   EventType = C.RDMA_CM_EVENT_MULTICAST_JOIN
+	EventMulticastError  EventType = C.RDMA_CM_EVENT_MULTICAST_ERROR
 )
 
 // String is librdmacm's name for the event (rdma_event_str).
@@ -99,7 +101,17 @@ type Event struct {
 	PrivateData []byte
 	// ResponderResources and InitiatorDepth of a connect request.
 	ResponderResources, InitiatorDepth int
-	raw                                *C.struct_rdma_cm_event
+	// UD is what an event of an unreliable datagram id carries: the
+	// peer's QP for ESTABLISHED (service ID resolution), the group's for
+	// MULTICAST_JOIN. Nil for reliable connections.
+	UD  *UDParam
+	raw *C.struct_rdma_cm_event
+}
+
+// UDParam is rdma_ud_param: where datagrams to the peer (or group) go.
+type UDParam struct {
+	QPNum, QKey uint32
+	ahAttr      C.struct_ibv_ah_attr // no pointers inside: a Go copy is fine
 }
 
 // GetEvent returns the next event, or syscall.EAGAIN when none is pending.
@@ -114,6 +126,15 @@ func (c *EventChannel) GetEvent() (*Event, error) {
 	ev := &Event{Type: EventType(raw.event), Status: int(raw.status), raw: raw, ID: &CMID{p: raw.id}}
 	if raw.listen_id != nil {
 		ev.ListenID = &CMID{p: raw.listen_id}
+	}
+	if raw.id.ps == C.RDMA_PS_UDP || ev.Type == EventMulticastJoin {
+		// For datagram ids the union holds rdma_ud_param.
+		ud := (*C.struct_rdma_ud_param)(unsafe.Pointer(&raw.param))
+		if ud.private_data != nil && ud.private_data_len > 0 {
+			ev.PrivateData = C.GoBytes(ud.private_data, C.int(ud.private_data_len))
+		}
+		ev.UD = &UDParam{QPNum: uint32(ud.qp_num), QKey: uint32(ud.qkey), ahAttr: ud.ah_attr}
+		return ev, nil
 	}
 	// For RC ids the union holds rdma_conn_param.
 	conn := (*C.struct_rdma_conn_param)(unsafe.Pointer(&raw.param))
@@ -139,17 +160,29 @@ func (e *Event) Ack() error {
 	return nil
 }
 
-// CMID is an rdma_cm_id of the TCP port space (reliable connected QPs).
+// PortSpace is an rdma_port_space: what kind of QP an id's port serves.
+type PortSpace int
+
+// Port spaces.
+const (
+	PortSpaceTCP PortSpace = C.RDMA_PS_TCP // reliable connected QPs
+	PortSpaceUDP PortSpace = C.RDMA_PS_UDP // unreliable datagram QPs
+)
+
+// CMID is an rdma_cm_id.
 type CMID struct{ p *C.struct_rdma_cm_id }
 
-// CreateID creates an id whose events arrive on ch.
-func CreateID(ch *EventChannel) (*CMID, error) {
+// CreateID creates an id of port space ps whose events arrive on ch.
+func CreateID(ch *EventChannel, ps PortSpace) (*CMID, error) {
 	var p *C.struct_rdma_cm_id
-	if ret, err := C.rdma_create_id(ch.p, &p, nil, C.RDMA_PS_TCP); ret != 0 {
+	if ret, err := C.rdma_create_id(ch.p, &p, nil, C.enum_rdma_port_space(ps)); ret != 0 {
 		return nil, callError("rdma_create_id", err)
 	}
 	return &CMID{p: p}, nil
 }
+
+// Key identifies the id (its C address), as the events for it carry it.
+func (id *CMID) Key() uintptr { return uintptr(unsafe.Pointer(id.p)) }
 
 // CreateEP creates an id for ai as rdma_create_ep(3) does, without a QP.
 // For a passive ai it is bound to ai's address and returns at once. The id
@@ -237,6 +270,9 @@ type ConnParam struct {
 	InitiatorDepth     int
 	RetryCount         int // transport retries (0-7); ignored on accept
 	RNRRetryCount      int // receiver-not-ready retries (0-7; 7 is infinite)
+	// QPNum names the QP of an id that has none of its own: a datagram
+	// id's service ID resolution request or answer.
+	QPNum uint32
 }
 
 func (cp *ConnParam) toC() (C.struct_rdma_conn_param, func()) {
@@ -252,6 +288,7 @@ func (cp *ConnParam) toC() (C.struct_rdma_conn_param, func()) {
 	c.initiator_depth = C.uint8_t(cp.InitiatorDepth)
 	c.retry_count = C.uint8_t(cp.RetryCount)
 	c.rnr_retry_count = C.uint8_t(cp.RNRRetryCount)
+	c.qp_num = C.uint32_t(cp.QPNum)
 	return c, free
 }
 
@@ -363,11 +400,12 @@ func sockaddrToAddr(sa *C.struct_sockaddr) net.Addr {
 // used, as librdmacm's own examples do.
 type AddrInfo struct{ p *C.struct_rdma_addrinfo }
 
-// GetAddrInfo resolves host and port. passive asks for an address to bind
-// and listen on (RAI_PASSIVE); host may then be empty (any address).
-func GetAddrInfo(host, port string, passive bool) (*AddrInfo, error) {
+// GetAddrInfo resolves host and port in port space ps. passive asks for an
+// address to bind and listen on (RAI_PASSIVE); host may then be empty (any
+// address).
+func GetAddrInfo(host, port string, passive bool, ps PortSpace) (*AddrInfo, error) {
 	var hints C.struct_rdma_addrinfo
-	hints.ai_port_space = C.RDMA_PS_TCP
+	hints.ai_port_space = C.int(ps)
 	if passive {
 		hints.ai_flags = C.RAI_PASSIVE
 	}

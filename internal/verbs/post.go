@@ -31,6 +31,10 @@ type SendWR struct {
 	CompareAdd uint64 // atomics: compare (CAS) or add (FAA)
 	Swap       uint64 // atomics: CAS
 	SGE        []SGE
+	// Unreliable datagram sends only: where the datagram goes.
+	AH         *AH
+	RemoteQPN  uint32
+	RemoteQKey uint32
 }
 
 // RecvWR is one receive work request.
@@ -128,6 +132,10 @@ func (b *SendBatch) Add(wr *SendWR) error {
 		compare_add: C.uint64_t(wr.CompareAdd), swap: C.uint64_t(wr.Swap),
 		rkey: C.uint32_t(wr.RKey), opcode: C.uint32_t(wr.Opcode), send_flags: C.uint32_t(wr.Flags),
 		imm: C.uint32_t(wr.Imm), sge_first: C.uint32_t(first), num_sge: C.uint32_t(len(wr.SGE)),
+		remote_qpn: C.uint32_t(wr.RemoteQPN), remote_qkey: C.uint32_t(wr.RemoteQKey),
+	}
+	if wr.AH != nil {
+		unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.maxWR)[i].ah = cptr(wr.AH.p)
 	}
 	return nil
 }

@@ -210,6 +210,11 @@ type WC struct {
 	Imm       uint32 // host byte order; valid when Flags&WCWithImm
 	Flags     uint32
 	QPNum     uint32
+	// Unreliable datagram receives: who sent it (see AHFromWC).
+	SrcQP        uint32
+	SLID         uint16
+	SL           uint8
+	DLIDPathBits uint8
 }
 
 // Poll polls up to the CQ's batch size into its reused C array and returns
@@ -237,7 +242,8 @@ func (cq *CQ) At(i int) WC {
 	w := (*[1 << 20]C.struct_go_wc)(unsafe.Pointer(cq.wcs))[i]
 	return WC{WRID: uint64(w.wr_id), Status: WCStatus(w.status), Opcode: WCOpcode(w.opcode),
 		VendorErr: uint32(w.vendor_err), ByteLen: uint32(w.byte_len), Imm: uint32(w.imm),
-		Flags: uint32(w.wc_flags), QPNum: uint32(w.qp_num)}
+		Flags: uint32(w.wc_flags), QPNum: uint32(w.qp_num), SrcQP: uint32(w.src_qp),
+		SLID: uint16(w.slid), SL: uint8(w.sl), DLIDPathBits: uint8(w.dlid_path_bits)}
 }
 
 // Destroy destroys the CQ; its QPs must be destroyed and its events acked.
@@ -272,8 +278,10 @@ func (srq *SRQ) Destroy() error {
 	return nil
 }
 
-// QPInit describes the RC queue pair to create on an id.
+// QPInit describes the queue pair to create on an id: reliable connected,
+// or unreliable datagram when UD is set (the id is then of PortSpaceUDP).
 type QPInit struct {
+	UD             bool
 	SendCQ, RecvCQ *CQ
 	SRQ            *SRQ // optional
 	MaxSendWR      int
@@ -288,7 +296,7 @@ type QPCaps struct {
 	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInline int
 }
 
-// CreateQP creates an RC QP on the id (rdma_create_qp), in pd, or in
+// CreateQP creates a QP on the id (rdma_create_qp), in pd, or in
 // librdmacm's per-device default PD when pd is nil. Work requests are
 // signaled only when asked (sq_sig_all = 0), for selective signaling.
 func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
@@ -299,6 +307,11 @@ func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
 		a.srq = in.SRQ.p
 	}
 	a.qp_type = C.IBV_QPT_RC
+	if in.UD {
+		// librdmacm moves a UD QP to RTS itself, with the port's P_Key
+		// and the port space's Q_Key.
+		a.qp_type = C.IBV_QPT_UD
+	}
 	a.cap.max_send_wr = C.uint32_t(in.MaxSendWR)
 	a.cap.max_recv_wr = C.uint32_t(in.MaxRecvWR)
 	a.cap.max_send_sge = C.uint32_t(in.MaxSendSGE)

@@ -26,6 +26,10 @@ int go_poll_cq(uintptr_t cq_addr, int n, uintptr_t out_addr, int retries)
 			o->imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc[i].imm_data) : 0;
 			o->wc_flags = wc[i].wc_flags;
 			o->qp_num = wc[i].qp_num;
+			o->src_qp = wc[i].src_qp;
+			o->slid = wc[i].slid;
+			o->sl = wc[i].sl;
+			o->dlid_path_bits = wc[i].dlid_path_bits;
 		}
 		total += got;
 		if (got < want)
@@ -68,6 +72,11 @@ static int post_sends(struct ibv_qp *qp, struct go_batch *b)
 			w->wr.atomic.compare_add = g->compare_add;
 			w->wr.atomic.swap = g->swap;
 			break;
+		}
+		if (g->ah) {
+			w->wr.ud.ah = (struct ibv_ah *)g->ah;
+			w->wr.ud.remote_qpn = g->remote_qpn;
+			w->wr.ud.remote_qkey = g->remote_qkey;
 		}
 	}
 	int ret = ibv_post_send(qp, scratch, &bad_wr);

@@ -20,7 +20,12 @@ struct go_wc {
 	uint32_t imm;
 	uint32_t wc_flags;
 	uint32_t qp_num;
-	uint32_t pad;
+	// Unreliable datagram receives: the sender's QP number, LID, service
+	// level and path bits (what ibv_create_ah_from_wc reads).
+	uint32_t src_qp;
+	uint16_t slid;
+	uint8_t sl;
+	uint8_t dlid_path_bits;
 };
 
 // One send work request; its scatter/gather entries are sge[sge_first ..
@@ -36,6 +41,11 @@ struct go_send_wr {
 	uint32_t imm;
 	uint32_t sge_first;
 	uint32_t num_sge;
+	// Unreliable datagram sends: the address handle (0 on connected QPs),
+	// the destination QP number and its Q_Key.
+	uintptr_t ah;
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
 };
 
 struct go_recv_wr {
