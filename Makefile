@@ -58,11 +58,13 @@ test-wire: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -guests 2' ./integration/wire
 
 # The runnable godoc examples of msg, endpoint, bufpool and rdmanet (their
-# output checked) on rxe0, and the rpc example's metrics test; on a host
-# without a device they skip.
+# output checked) on rxe0, the rpc example's metrics test, and udaddy's and
+# mckey's interop with librdmacm's tools of those names; on a host without
+# a device they skip.
 test-examples: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -run '^Example' -exec $(RXEVM) ./msg ./endpoint ./bufpool ./rdmanet
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./examples/rpc
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -exec $(RXEVM) ./examples/udaddy ./examples/mckey
 
 # FuzzPostRequest fuzzing on rxe0 (20,000 inputs, about 15 s): arbitrary
 # endpoint.Requests on a real connection. The engine's cache stays in the

@@ -1,0 +1,74 @@
+package dgram
+
+import (
+	"encoding/binary"
+	"net"
+	"testing"
+)
+
+// roceV2IPv4GRH is what the device writes ahead of a datagram that came
+// over RoCE v2 from src to dst: 20 bytes of zeros, then the IPv4 header.
+func roceV2IPv4GRH(src, dst net.IP) []byte {
+	h := make([]byte, 40)
+	ip := h[20:]
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:], 60)
+	copy(ip[12:], src.To4())
+	copy(ip[16:], dst.To4())
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	return h
+}
+
+func TestGRHSource(t *testing.T) {
+	src, dst := net.ParseIP("10.77.0.2"), net.ParseIP("10.77.0.1")
+	got, ok := grhSource(roceV2IPv4GRH(src, dst))
+	if !ok || !got.Equal(src) {
+		t.Fatalf("RoCE v2 IPv4: got %v %v, want %v", got, ok, src)
+	}
+
+	// An IPv6 GRH: version 6, the source GID at bytes 8-23.
+	h := make([]byte, 40)
+	h[0] = 0x60
+	gid := net.ParseIP("fd77::2")
+	copy(h[8:], gid)
+	copy(h[24:], net.ParseIP("fd77::1"))
+	if got, ok := grhSource(h); !ok || !got.Equal(gid) {
+		t.Fatalf("IPv6 GRH: got %v %v, want %v", got, ok, gid)
+	}
+
+	// An IPv4 header whose checksum is wrong is not taken for one when
+	// the first byte says IPv6.
+	bad := roceV2IPv4GRH(src, dst)
+	bad[0] = 0x60
+	bad[30] ^= 0xff
+	if got, _ := grhSource(bad); got.Equal(src) {
+		t.Fatal("a header with a bad checksum was read as IPv4")
+	}
+	if _, ok := grhSource(make([]byte, 40)); ok {
+		t.Fatal("zeros read as a header")
+	}
+	if _, ok := grhSource(make([]byte, 10)); ok {
+		t.Fatal("a short buffer read as a header")
+	}
+}
+
+func TestAddrString(t *testing.T) {
+	a := &Addr{IP: net.ParseIP("10.0.0.1"), Port: 7174, QPN: 0x11}
+	if s := a.String(); s != "10.0.0.1:7174/qp=0x11" {
+		t.Fatalf("got %q", s)
+	}
+	a.Port = 0
+	if s := a.String(); s != "10.0.0.1/qp=0x11" {
+		t.Fatalf("got %q", s)
+	}
+	if a.Network() != "rdma-ud" {
+		t.Fatal(a.Network())
+	}
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/toolrun"
+)
+
+func TestMain(m *testing.M) {
+	toolrun.MainIfAsked(main)
+	goleak.VerifyTestMain(m)
+}
+
+// TestInteropWithLibrdmacm runs this udaddy and librdmacm's in every
+// pairing of server and client: 2 clients of 10 datagrams of 100 bytes
+// each way. Each side's "return status 0" says it sent and received them
+// all (udaddy's own check).
+func TestInteropWithLibrdmacm(t *testing.T) {
+	addr := rxetest.Addr(t)
+	if rxetest.IWARP() {
+		t.Log("iWARP has no datagram queue pairs: the library's refusal is asserted in integration's dgram tests")
+	}
+	for _, pair := range [][2]string{{"go", "c"}, {"c", "go"}, {"go", "go"}, {"c", "c"}} {
+		t.Run(fmt.Sprintf("server_%s_client_%s", pair[0], pair[1]), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			args := []string{"-c", "2", "-C", "10", "-S", "100"}
+			run := func(kind string, args ...string) *toolrun.Proc {
+				if kind == "go" {
+					return toolrun.Go(t, ctx, args...)
+				}
+				return toolrun.C(t, ctx, "udaddy", args...)
+			}
+			srv := run(pair[0], append([]string{"-b", addr}, args...)...)
+			// The server binds a moment after it starts: a client that
+			// finds nobody on the port is run again.
+			var out string
+			var err error
+			for try := 0; try < 20; try++ {
+				out, err = run(pair[1], append([]string{"-s", addr}, args...)...).Wait()
+				if err == nil || !refused(out) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("client %s:\n%s", pair[1], out)
+			require.NoError(t, err)
+			require.Contains(t, out, "return status 0")
+			out, err = srv.Wait()
+			t.Logf("server %s:\n%s", pair[0], out)
+			require.NoError(t, err)
+			require.Contains(t, out, "return status 0")
+		})
+	}
+}
+
+// refused: the client found nobody listening yet.
+func refused(out string) bool {
+	return strings.Contains(out, "UNREACHABLE") || strings.Contains(out, "nobody answers")
+}

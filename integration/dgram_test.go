@@ -1,0 +1,356 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/dgram"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+)
+
+// listenDgram listens for datagrams on the test device. On iWARP, which
+// has no datagram queue pairs, it asserts the typed refusal and returns
+// nil: the caller's test ends there.
+func listenDgram(t *testing.T, ctx context.Context, opts ...dgram.Option) *dgram.Conn {
+	t.Helper()
+	c, err := dgram.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
+	if rxetest.IWARP() {
+		require.ErrorIs(t, err, endpoint.ErrNotSupported)
+		require.ErrorIs(t, err, dgram.ErrNoIWARP)
+		return nil
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+// payload is n bytes that differ with seed, so a datagram mixed up with
+// another, or cut, does not compare equal.
+func payload(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+	return b
+}
+
+// TestDatagramSizesByteForByte: datagrams of 1 byte up to the MTU go out,
+// come back from an echoing peer, and are compared byte for byte, with the
+// sender's address on each; immediate data travels; a datagram longer than
+// the MTU is refused before anything is sent.
+func TestDatagramSizesByteForByte(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv := listenDgram(t, ctx)
+	if srv == nil {
+		return
+	}
+	cli := listenDgram(t, ctx)
+	mtu := srv.MTU()
+	require.GreaterOrEqual(t, mtu, 256)
+	srvAddr := srv.LocalAddr().(*dgram.Addr)
+	to, err := cli.Resolve(ctx, hostPort(srvAddr))
+	require.NoError(t, err)
+	require.Equal(t, srvAddr.QPN, to.QPN)
+
+	echoed := make(chan error, 1)
+	go func() { echoed <- echoDatagrams(srv, -1) }()
+	buf := make([]byte, mtu)
+	for i, n := range []int{0, 1, 2, 39, 40, 41, 63, 64, 65, 1000, mtu - 1, mtu} {
+		p := payload(n, byte(i))
+		_, err := cli.WriteTo(p, to)
+		require.NoError(t, err, "size %d", n)
+		require.NoError(t, cli.SetReadDeadline(time.Now().Add(10*time.Second)))
+		got, from, err := cli.ReadFrom(buf)
+		require.NoError(t, err, "size %d", n)
+		require.True(t, bytes.Equal(p, buf[:got]), "size %d came back different", n)
+		require.True(t, from.(*dgram.Addr).IP.Equal(srvAddr.IP))
+		require.Equal(t, srvAddr.QPN, from.(*dgram.Addr).QPN)
+	}
+
+	// Immediate data, in a batch of three.
+	ms := []dgram.Message{
+		{Buf: payload(10, 1), Addr: to, Imm: 0xdeadbeef, HasImm: true},
+		{Buf: payload(20, 2), Addr: to},
+		{Buf: payload(30, 3), Addr: to, Imm: 7, HasImm: true},
+	}
+	sent, err := cli.WriteBatch(ms)
+	require.NoError(t, err)
+	require.Equal(t, 3, sent)
+	in := make([]dgram.Message, 3)
+	for i := range in {
+		in[i].Buf = make([]byte, 64)
+	}
+	for got := 0; got < 3; {
+		n, err := cli.ReadBatch(in[got:])
+		require.NoError(t, err)
+		got += n
+	}
+	for i := range in {
+		require.Equal(t, ms[i].Buf, in[i].Buf[:in[i].N])
+		require.Equal(t, ms[i].HasImm, in[i].HasImm, "message %d", i)
+		require.Equal(t, ms[i].Imm, in[i].Imm, "message %d", i)
+	}
+
+	// Too long: refused, nothing sent (the echo would come back).
+	_, err = cli.WriteTo(make([]byte, mtu+1), to)
+	require.ErrorIs(t, err, dgram.ErrMessageTooLarge)
+	require.ErrorIs(t, err, syscall.EMSGSIZE)
+	require.NoError(t, cli.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err = cli.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout())
+
+	// A truncated read says so.
+	_, err = cli.WriteTo(payload(100, 9), to)
+	require.NoError(t, err)
+	require.NoError(t, cli.SetReadDeadline(time.Now().Add(10*time.Second)))
+	small := []dgram.Message{{Buf: make([]byte, 10)}}
+	_, err = cli.ReadBatch(small)
+	require.NoError(t, err)
+	require.Equal(t, 10, small[0].N)
+	require.True(t, small[0].Truncated)
+	require.Equal(t, payload(100, 9)[:10], small[0].Buf)
+
+	require.NoError(t, srv.Close())
+	require.ErrorIs(t, <-echoed, net.ErrClosed)
+}
+
+// hostPort is where a Conn listens, for Resolve.
+func hostPort(a *dgram.Addr) string { return net.JoinHostPort(a.IP.String(), strconv.Itoa(a.Port)) }
+
+// echoDatagrams sends every datagram back to its sender, with its
+// immediate data, until n have been echoed (n < 0: until an error).
+func echoDatagrams(c *dgram.Conn, n int) error {
+	ms := make([]dgram.Message, 16)
+	for i := range ms {
+		ms[i].Buf = make([]byte, c.MTU())
+	}
+	out := make([]dgram.Message, 16)
+	for done := 0; n < 0 || done < n; {
+		got, err := c.ReadBatch(ms)
+		if err != nil {
+			return err
+		}
+		for i := range got {
+			out[i] = dgram.Message{Buf: ms[i].Buf[:ms[i].N], Addr: ms[i].Addr, Imm: ms[i].Imm, HasImm: ms[i].HasImm}
+		}
+		if _, err := c.WriteBatch(out[:got]); err != nil {
+			return err
+		}
+		done += got
+	}
+	return nil
+}
+
+// TestDatagramManyPeers: eight peers, each its own queue pair, send to
+// one Conn, which answers each from the address ReadFrom gave; every peer
+// gets back exactly its own datagrams.
+func TestDatagramManyPeers(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv := listenDgram(t, ctx)
+	if srv == nil {
+		return
+	}
+	const peers, each = 8, 40
+	echoed := make(chan error, 1)
+	go func() { echoed <- echoDatagrams(srv, peers*each) }()
+	errs := make(chan error, peers)
+	for p := range peers {
+		cli := listenDgram(t, ctx)
+		go func() {
+			errs <- func() error {
+				to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+				if err != nil {
+					return err
+				}
+				cli.SetReadDeadline(time.Now().Add(30 * time.Second))
+				buf := make([]byte, 64)
+				for i := range each {
+					want := binary.BigEndian.AppendUint32([]byte{byte(p)}, uint32(i))
+					if _, err := cli.WriteTo(want, to); err != nil {
+						return err
+					}
+					n, _, err := cli.ReadFrom(buf)
+					if err != nil {
+						return err
+					}
+					if !bytes.Equal(want, buf[:n]) {
+						return fmt.Errorf("peer %d got %x, want %x", p, buf[:n], want)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range peers {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, <-echoed)
+}
+
+// TestDatagramReceiverFallsBehind states what UD does and does not
+// promise. A sender is never held back by a slow receiver (no RNR, no
+// credits): 200 datagrams go out at once. The receiver, which read
+// nothing meanwhile, finds at most its 16 posted receives filled; the
+// rest are lost, silently. What it does get is whole and in the order
+// sent (one sender, one link), and the Conn works on afterwards.
+func TestDatagramReceiverFallsBehind(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	slow := listenDgram(t, ctx, dgram.WithRecvDepth(16))
+	if slow == nil {
+		return
+	}
+	fast := listenDgram(t, ctx)
+	to, err := fast.Resolve(ctx, hostPort(slow.LocalAddr().(*dgram.Addr)))
+	require.NoError(t, err)
+	const sent = 200
+	for i := range sent {
+		_, err := fast.WriteTo(binary.BigEndian.AppendUint32(nil, uint32(i)), to)
+		require.NoError(t, err, "datagram %d: the sender must not wait for the receiver", i)
+	}
+	time.Sleep(500 * time.Millisecond) // let them all arrive, or be dropped
+	var got []uint32
+	buf := make([]byte, 8)
+	for {
+		require.NoError(t, slow.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+		n, _, err := slow.ReadFrom(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		require.NoError(t, err)
+		require.Equal(t, 4, n)
+		got = append(got, binary.BigEndian.Uint32(buf))
+	}
+	t.Logf("the receiver got %d of %d datagrams", len(got), sent)
+	require.NotEmpty(t, got)
+	require.LessOrEqual(t, len(got), 16, "more datagrams than posted receives")
+	for i := 1; i < len(got); i++ {
+		require.Greater(t, got[i], got[i-1], "out of order: %v", got)
+	}
+	// Reading again reposted every receive: the Conn works on.
+	_, err = fast.WriteTo([]byte("after"), to)
+	require.NoError(t, err)
+	require.NoError(t, slow.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, _, err := slow.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "after", string(buf[:n]))
+}
+
+// TestDatagramBadInputAndClose: what a caller can get wrong gets a clear
+// error and posts nothing; Close wakes a blocked reader, is idempotent,
+// and every call after it fails with net.ErrClosed.
+func TestDatagramBadInputAndClose(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	c := listenDgram(t, ctx)
+	if c == nil {
+		return
+	}
+	_, err := dgram.Listen(ctx, "0.0.0.0:0")
+	require.ErrorContains(t, err, "not a wildcard")
+	_, err = dgram.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), dgram.WithSendDepth(-1))
+	require.ErrorIs(t, err, endpoint.ErrInvalid)
+
+	_, err = c.WriteTo([]byte("x"), &net.UDPAddr{IP: net.ParseIP(rxetest.Addr(t)), Port: 1})
+	require.ErrorIs(t, err, endpoint.ErrInvalid)
+	_, err = c.WriteTo([]byte("x"), &dgram.Addr{IP: net.ParseIP("10.99.99.99"), QPN: 5})
+	require.ErrorIs(t, err, dgram.ErrNoPath)
+	_, err = c.Write([]byte("x"))
+	require.ErrorContains(t, err, "WriteTo")
+	_, err = c.JoinGroup(ctx, rxetest.Addr(t))
+	require.ErrorIs(t, err, endpoint.ErrInvalid)
+	require.ErrorIs(t, c.LeaveGroup("239.9.9.9"), endpoint.ErrInvalid)
+
+	// Nobody listens on this port: resolution is refused.
+	other := listenDgram(t, ctx)
+	port := other.LocalAddr().(*dgram.Addr).Port
+	require.NoError(t, other.Close())
+	_, err = c.Resolve(ctx, net.JoinHostPort(rxetest.Addr(t), strconv.Itoa(port)))
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+
+	// IPv6 groups: the kernel's rdma_cm joins none over RoCE v2 (rxe).
+	if _, err := c.JoinGroup(ctx, "ff0e::1234"); err != nil {
+		require.ErrorIs(t, err, endpoint.ErrNotSupported)
+	}
+
+	// A deadline that passed fails reads at once; a later one lets them wait.
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, _, err = c.ReadFrom(make([]byte, 8))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, c.SetReadDeadline(time.Time{}))
+
+	read := make(chan error, 1)
+	go func() {
+		_, _, err := c.ReadFrom(make([]byte, 8))
+		read <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, c.Close())
+	select {
+	case err := <-read:
+		require.ErrorIs(t, err, net.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake the reader")
+	}
+	require.NoError(t, c.Close())
+	_, err = c.WriteTo([]byte("x"), c.LocalAddr())
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = c.Resolve(ctx, "10.1.1.1:1")
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = c.JoinGroup(ctx, "239.1.1.1")
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.ErrorIs(t, c.SetReadDeadline(time.Now()), net.ErrClosed)
+}
+
+// TestDatagramMulticastInProcess: two Conns join a group; what one sends
+// to the group, the other receives with the sender's address; after
+// LeaveGroup it no longer does.
+func TestDatagramMulticastInProcess(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	a := listenDgram(t, ctx)
+	if a == nil {
+		return
+	}
+	b := listenDgram(t, ctx)
+	const group = "239.7.7.7"
+	ga, err := a.JoinGroup(ctx, group)
+	require.NoError(t, err)
+	require.Equal(t, uint32(0xFFFFFF), ga.QPN)
+	again, err := a.JoinGroup(ctx, group)
+	require.NoError(t, err)
+	require.Same(t, ga, again)
+	_, err = b.JoinGroup(ctx, group)
+	require.NoError(t, err)
+	_, err = a.WriteTo([]byte("to the group"), ga)
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, from, err := b.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "to the group", string(buf[:n]))
+	require.Equal(t, a.LocalAddr().(*dgram.Addr).QPN, from.(*dgram.Addr).QPN)
+
+	require.NoError(t, b.LeaveGroup(group))
+	_, err = a.WriteTo([]byte("again"), ga)
+	require.NoError(t, err)
+	require.NoError(t, b.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err = b.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a member that left still receives")
+}

@@ -1,0 +1,114 @@
+// Package toolrun lets an example's tests run the example's own main as a
+// separate process, beside librdmacm's C tools: the test binary runs
+// itself with the program's arguments in an environment variable, and
+// TestMain hands over to main.
+package toolrun
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const argsEnv = "RDMACM_TOOLRUN_ARGS"
+
+// MainIfAsked runs main with the arguments a Command gave, and exits, when
+// this process is one; call it first in TestMain.
+func MainIfAsked(main func()) {
+	args, ok := os.LookupEnv(argsEnv)
+	if !ok {
+		return
+	}
+	os.Args = append([]string{os.Args[0]}, strings.Fields(args)...)
+	main()
+	os.Exit(0)
+}
+
+// Proc is a running program and its combined output.
+type Proc struct {
+	Name    string
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	out     strings.Builder
+	line    chan string
+	done    chan error
+	scanned chan struct{} // the output is all read
+}
+
+// Go starts this example's main with args.
+func Go(t *testing.T, ctx context.Context, args ...string) *Proc {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), argsEnv+"="+strings.Join(args, " "))
+	return start(t, "go "+strings.Join(args, " "), cmd)
+}
+
+// C starts one of librdmacm's tools, its output line-buffered (stdbuf), so
+// that WaitLine sees each line as it is printed.
+func C(t *testing.T, ctx context.Context, tool string, args ...string) *Proc {
+	return start(t, tool+" "+strings.Join(args, " "),
+		exec.CommandContext(ctx, "stdbuf", append([]string{"-oL", tool}, args...)...))
+}
+
+func start(t *testing.T, name string, cmd *exec.Cmd) *Proc {
+	t.Helper()
+	p := &Proc{Name: name, cmd: cmd, line: make(chan string, 64), done: make(chan error, 1), scanned: make(chan struct{})}
+	r, w := io.Pipe()
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	go func() {
+		defer close(p.scanned)
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(s.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.line <- s.Text():
+			default:
+			}
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		w.Close()
+		p.done <- err
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// WaitLine waits for a line of output containing s; false after d.
+func (p *Proc) WaitLine(s string, d time.Duration) bool {
+	timeout := time.After(d)
+	for {
+		select {
+		case l := <-p.line:
+			if strings.Contains(l, s) {
+				return true
+			}
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+// Wait waits for the program to exit and returns its error and output.
+func (p *Proc) Wait() (string, error) {
+	err := <-p.done
+	p.done <- err // for the cleanup
+	<-p.scanned
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String(), err
+}
