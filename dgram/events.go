@@ -227,7 +227,9 @@ func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
 // and returns its address: WriteTo sends to every member, and this Conn's
 // reads return what members send to it (on some devices, its own
 // datagrams too). Joining a group already joined returns its address
-// again. ctx bounds the join.
+// again. ctx bounds the join. The kernel's rdma_cm joins no IPv6 group
+// over RoCE v2 (Soft-RoCE among them): that is refused with an error
+// matching endpoint.ErrNotSupported.
 func (c *Conn) JoinGroup(ctx context.Context, groupAddr string) (*Addr, error) {
 	fail := func(err error) (*Addr, error) {
 		return nil, &net.OpError{Op: "join", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w", groupAddr, err)}

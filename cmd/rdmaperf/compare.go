@@ -62,12 +62,13 @@ type compareSet struct {
 }
 
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
-	"stream_bw", "stream_lat", "rendezvous"}
+	"stream_bw", "stream_lat", "rendezvous", "ud_bw"}
 
 // fixedSizes are the sizes of the tests that run one, the issues': 64 KiB
 // writes for stream bandwidth, 64 B ping-pong for stream latency, 8 MiB
-// messages for rendezvous; the verbs tests run every size.
-var fixedSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}, "rendezvous": {8 << 20}}
+// messages for rendezvous, 64 B and rxe's MTU for datagrams; the verbs
+// tests run every size.
+var fixedSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}, "rendezvous": {8 << 20}, "ud_bw": {64, 4096}}
 
 // rendezvousAnchorSize is the ib_read_bw message size rendezvous is
 // compared with: RDMA READ at the size where it reaches its bandwidth.
@@ -76,7 +77,7 @@ const rendezvousAnchorSize = 1 << 20
 // anchor runs the C tool a test is compared with: perftest's for the
 // verbs tests (in its event mode, -e, when mode is "event"), rstream
 // (rsockets) for rdmanet's stream tests, ib_read_bw at 1 MiB for msg's
-// rendezvous.
+// rendezvous, ib_send_bw -c UD for datagrams.
 func anchor(ctx context.Context, test, mode, device, host string, port, size, iters int, lat bool) (float64, error) {
 	switch test {
 	case "stream_bw", "stream_lat":
@@ -84,6 +85,8 @@ func anchor(ctx context.Context, test, mode, device, host string, port, size, it
 	case "rendezvous":
 		s := rendezvousAnchorSize
 		return runPerftest(ctx, "ib_read_bw", device, host, port, s, defaultIters("read_bw", s), colBWAverage)
+	case "ud_bw":
+		return runPerftest(ctx, "ib_send_bw", device, host, port, size, iters, colBWAverage, "-c", "UD")
 	}
 	tool, ok := perftestTool[test]
 	if !ok {
@@ -131,12 +134,12 @@ func testDevice() string {
 }
 
 // deviceTests are the tests the device can run: iWARP has no immediate
-// data, so write_imm_bw is rxe's only.
+// data and no datagram QPs, so write_imm_bw and ud_bw are rxe's only.
 func deviceTests() []string {
 	if os.Getenv("RDMACM_TEST_TRANSPORT") != "iwarp" {
 		return compareTests
 	}
-	return slices.DeleteFunc(slices.Clone(compareTests), func(t string) bool { return t == "write_imm_bw" })
+	return slices.DeleteFunc(slices.Clone(compareTests), func(t string) bool { return t == "write_imm_bw" || t == "ud_bw" })
 }
 
 // runCompare runs each test at each size, perftest and ours in turn
@@ -166,6 +169,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		polls := []string{"event", "busy"}
 		if lat {
 			polls = []string{"busy", "hybrid", "event"}
+		}
+		if test == "ud_bw" { // dgram's readers and writers wait on the channel: no mode to choose
+			polls = []string{"event"}
 		}
 		sizes := set.sizes
 		if s, ok := fixedSizes[test]; ok {

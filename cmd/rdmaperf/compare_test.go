@@ -149,10 +149,11 @@ func TestDeviceSectionSurvivesBothWriters(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(string(md), deviceSectionHead("siw0")), "and siw's section kept")
 }
 
-func TestIWARPRunsNoImmediateData(t *testing.T) {
+func TestIWARPRunsNoImmediateDataNorDatagrams(t *testing.T) {
 	t.Setenv("RDMACM_TEST_TRANSPORT", "iwarp")
 	assert.NotContains(t, deviceTests(), "write_imm_bw")
-	assert.Len(t, deviceTests(), len(compareTests)-1)
+	assert.NotContains(t, deviceTests(), "ud_bw")
+	assert.Len(t, deviceTests(), len(compareTests)-2)
 	t.Setenv("RDMACM_TEST_TRANSPORT", "roce")
 	assert.Equal(t, compareTests, deviceTests())
 }

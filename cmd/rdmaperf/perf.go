@@ -125,6 +125,8 @@ func serve(ctx context.Context, cfg config) error {
 		return serveStream(ctx, cfg)
 	case "rendezvous":
 		return serveRendezvous(ctx, cfg)
+	case "ud_bw":
+		return serveUD(ctx, cfg)
 	}
 	l, err := cm.Listen(ctx, cfg.addr)
 	if err != nil {
@@ -303,6 +305,8 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 		return streamClient(ctx, cfg)
 	case "rendezvous":
 		return rendezvousClient(ctx, cfg)
+	case "ud_bw":
+		return udClient(ctx, cfg)
 	}
 	var p peer
 	var err error
