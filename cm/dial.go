@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"net"
 	"syscall"
-	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
@@ -84,7 +83,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *cmevent.Channel, ai *verbs.
 		ch.Destroy()
 		return nil, err
 	}
-	timeout := resolveTimeout(ctx, o.resolveTimeout)
+	timeout := cmevent.ResolveTimeout(ctx, o.resolveTimeout)
 	if err := id.ResolveAddr(ai, timeout); err != nil {
 		return fail(err)
 	}
@@ -93,7 +92,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *cmevent.Channel, ai *verbs.
 		return fail(err)
 	}
 	ev.Ack()
-	if err := id.ResolveRoute(resolveTimeout(ctx, o.resolveTimeout)); err != nil {
+	if err := id.ResolveRoute(cmevent.ResolveTimeout(ctx, o.resolveTimeout)); err != nil {
 		return fail(err)
 	}
 	if ev, err = expect(ctx, ch, verbs.EventRouteResolved, "resolving the route"); err != nil {
@@ -160,14 +159,4 @@ func connectBlocking(ctx context.Context, id *verbs.CMID, param verbs.ConnParam,
 		}()
 		return true, ctx.Err()
 	}
-}
-
-// resolveTimeout is the resolution timeout in ms: the option, or what is
-// left of ctx if that is sooner.
-func resolveTimeout(ctx context.Context, def time.Duration) int {
-	d := def
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		d = time.Until(dl)
-	}
-	return max(1, int(d/time.Millisecond))
 }

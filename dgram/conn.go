@@ -276,10 +276,11 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.local = &Addr{IP: ipOf(c.id.LocalAddr()), QPN: c.id.QPNum(), QKey: qkey}
-	if t, ok := c.id.LocalAddr().(*net.TCPAddr); ok {
-		c.local.Port = t.Port
+	la, ok := c.id.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return nil, fmt.Errorf("dgram: the id bound to %s has no IP address", host)
 	}
+	c.local = &Addr{IP: la.IP, Port: la.Port, QPN: c.id.QPNum(), QKey: qkey}
 	pd := seam.WrapPD(c.pd).(*bufpool.PD)
 	if err = c.rx.init(pd, o.recvDepth, c.mtu+verbs.GRHSize); err != nil {
 		return nil, err
@@ -442,15 +443,9 @@ func (c *Conn) Close() error {
 // leave: the device sends them at once unless it is broken.
 const closeDrain = time.Second
 
-// resolveMs is what is left of ctx in ms for a resolution step (at most
-// 5 s, rdma_cm's usual bound).
-func resolveMs(ctx context.Context) int {
-	d := 5 * time.Second
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		d = time.Until(dl)
-	}
-	return max(1, int(d/time.Millisecond))
-}
+// resolveMs is a resolution step's timeout: what is left of ctx, at most
+// 5 s (rdma_cm's usual bound).
+func resolveMs(ctx context.Context) int { return cmevent.ResolveTimeout(ctx, 5*time.Second) }
 
 // portOf parses a port number.
 func portOf(s string) int {

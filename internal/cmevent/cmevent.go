@@ -76,3 +76,14 @@ func (c *Channel) Destroy() {
 	c.wait.Close()
 	c.EC.Destroy()
 }
+
+// ResolveTimeout is a resolution step's timeout in ms for
+// rdma_resolve_addr and rdma_resolve_route: def, or what is left of ctx if
+// that is sooner (at least 1).
+func ResolveTimeout(ctx context.Context, def time.Duration) int {
+	d := def
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		d = time.Until(dl)
+	}
+	return max(1, int(d/time.Millisecond))
+}
