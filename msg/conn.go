@@ -386,7 +386,7 @@ func (c *Conn) sayGoodbye() {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
-	b, err := c.sendPool.Get(ctx)
+	b, err := c.sendBuffer(ctx)
 	if err != nil {
 		return
 	}
@@ -534,6 +534,33 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 	}
 }
 
+// sendBuffer takes a send buffer, waiting until one is free, ctx ends or
+// the connection ends. Buffers come back with send completions, and when
+// the connection fails the device may take until the endpoint's close
+// timeout to flush them; a sender must learn of the failure at once, as
+// every other waiter does, not then.
+func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
+	if b, ok := c.sendPool.TryGet(); ok {
+		return b, nil
+	}
+	wait, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(contextUntil(c.done), cancel)
+	defer stop()
+	b, err := c.sendPool.Get(wait)
+	switch {
+	case err == nil:
+		return b, nil
+	case c.Err() != nil:
+		return nil, c.Err()
+	case errors.Is(err, bufpool.ErrClosed):
+		return nil, ErrClosed
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	return nil, err
+}
+
 // send sends one message of type typ; control messages (credit, done) go
 // through sendControl.
 func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) error {
@@ -543,11 +570,8 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	if len(payload) > c.maxInline {
 		return c.sendRendezvous(ctx, typ, id, payload)
 	}
-	b, err := c.sendPool.Get(ctx)
+	b, err := c.sendBuffer(ctx)
 	if err != nil {
-		if errors.Is(err, bufpool.ErrClosed) {
-			return ErrClosed
-		}
 		return err
 	}
 	// One credit stays back for credit messages, so that two peers that
