@@ -124,6 +124,63 @@ func TestMsgSlowReceiver(t *testing.T) {
 	t.Logf("%d messages through 4 credits with a stalled receiver in %v, no RNR", n, time.Since(start))
 }
 
+// TestMsgBothWaysManySenders floods a connection from both ends at once,
+// with more senders than buffers on each side: every message arrives
+// exactly once and in each sender's order, and no side waits forever for
+// credits the other cannot send (a sender waiting for a credit must not
+// hold a send buffer, or both sides' buffers end up held by such senders
+// and neither control loop can send the credits they wait for).
+func TestMsgBothWaysManySenders(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithBufferSize(256), msg.WithKeepalive(0, 0))
+	const senders, each = 16, 40
+	flow, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4*senders)
+	for _, c := range []*msg.Conn{client, server} {
+		for s := range senders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := c.Send(flow, []byte{byte(s), byte(i)}); err != nil {
+						errs <- fmt.Errorf("sender %d, message %d: %w", s, i, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := make([]int, senders)
+			for range senders * each {
+				got, err := c.Recv(flow)
+				if err != nil {
+					errs <- fmt.Errorf("receive after %v: %w", next, err)
+					return
+				}
+				if s, i := int(got[0]), int(got[1]); next[s] != i {
+					errs <- fmt.Errorf("from sender %d: message %d, want %d", s, i, next[s])
+					return
+				} else {
+					next[s]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	require.NoError(t, client.Err())
+	require.NoError(t, server.Err())
+	t.Logf("%d messages each way through 4 credits, %v", senders*each, client.Stats().Endpoint)
+}
+
 func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) {
 	switch method {
 	case "echo":

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -24,19 +25,25 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
 	const small, large = 50, 3
 	big := bytes.Repeat([]byte{7}, 1<<20)
+	sent := make(chan error, 1)
 	go func() {
+		var err error
 		for range small {
-			client.Send(ctx, []byte("hello"))
+			err = errors.Join(err, client.Send(ctx, []byte("hello")))
 		}
 		for range large {
-			client.Send(ctx, big)
+			err = errors.Join(err, client.Send(ctx, big))
 		}
+		sent <- err
 	}()
 	for range small + large {
 		m, err := server.RecvMessage(ctx)
 		require.NoError(t, err)
 		m.Release()
 	}
+	// The sender counts a message once its Send returns, which may be
+	// after the receiver has it.
+	require.NoError(t, <-sent)
 	cs, ss := client.Stats(), server.Stats()
 	require.GreaterOrEqual(t, cs.MessagesSent, uint64(small+large), "every message sent is counted")
 	require.GreaterOrEqual(t, ss.MessagesReceived, uint64(small+large))

@@ -74,8 +74,9 @@ type Conn struct {
 	o         options
 	recvPool  *bufpool.Pool
 	sendPool  *bufpool.Pool
-	maxInline int // payload bytes that fit the peer's buffers
-	grantAt   int // toGrant that triggers a credit message
+	out       outbox // sends waiting for a doorbell
+	maxInline int    // payload bytes that fit the peer's buffers
+	grantAt   int    // toGrant that triggers a credit message
 
 	mu      sync.Mutex
 	credits int           // messages this side may send
@@ -543,10 +544,16 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 	if b, ok := c.sendPool.TryGet(); ok {
 		return b, nil
 	}
-	wait, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(contextUntil(c.done), cancel)
-	defer stop()
+	wait := ctx
+	if done := ctx.Done(); done == nil || done == c.done { // a server's handler: no goroutine to merge them
+		wait = contextUntil(c.done)
+	} else {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(contextUntil(c.done), cancel)
+		defer stop()
+	}
 	b, err := c.sendPool.Get(wait)
 	switch {
 	case err == nil:
@@ -570,12 +577,12 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	if len(payload) > c.maxInline {
 		return c.sendRendezvous(ctx, typ, id, payload)
 	}
-	b, err := c.sendBuffer(ctx)
-	if err != nil {
-		return err
-	}
-	// One credit stays back for credit messages, so that two peers that
-	// both wait to send can always tell each other they may.
+	// The credit first, then the buffer: a sender waiting for a credit
+	// must not hold a buffer, or senders waiting on both sides could hold
+	// every buffer there is, and neither side's control loop could send
+	// the credits that would let them go. One credit stays back for those
+	// credit messages, so that two peers that both wait to send can always
+	// tell each other they may.
 	waited := false
 	if err := c.waitFor(ctx, func() bool {
 		ok := c.mayTalk && c.credits > 1
@@ -585,7 +592,6 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 		}
 		return ok
 	}); err != nil {
-		c.sendPool.Put(b)
 		if ctx.Err() == nil {
 			return err
 		}
@@ -597,30 +603,61 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 		}
 		return fmt.Errorf("msg: no credit to send: the peer holds every message it was sent (it reads slowly, or took messages with RecvMessage without Release): %w", err)
 	}
-	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}
-	if typ == TypeRendezvous {
-		h.Flags = FlagRendezvous
-	}
-	if c.closing || c.writeClosed.Load() {
+	if err := c.refuseLocked(); err != nil {
 		c.mu.Unlock()
-		c.sendPool.Put(b)
-		if c.closing {
-			return ErrClosed
-		}
-		return ErrWriteClosed
+		return err
 	}
-	c.takeCreditLocked(&h)
+	c.credits-- // this message's, held while it waits for a buffer
 	c.posting.Add(1)
 	c.mu.Unlock()
-	h.Encode(b.Bytes())
-	copy(b.Bytes()[HeaderSize:], payload)
-	err = c.post(b, &h)
+	err := c.sendMessage(ctx, typ, id, payload)
 	if c.posting.Add(-1) == 0 && c.writeClosed.Load() {
 		c.mu.Lock()
 		c.signal() // the control loop may send the end of data now
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// refuseLocked is why no message may be sent now: Close said goodbye, or
+// CloseWrite was called; c.mu is held.
+func (c *Conn) refuseLocked() error {
+	switch {
+	case c.closing:
+		return ErrClosed
+	case c.writeClosed.Load():
+		return ErrWriteClosed
+	}
+	return nil
+}
+
+// sendMessage sends one message with the credit send took for it: it takes
+// a send buffer, fills it and posts it, or gives the credit back.
+func (c *Conn) sendMessage(ctx context.Context, typ Type, id uint64, payload []byte) error {
+	b, err := c.sendBuffer(ctx)
+	if err == nil {
+		c.mu.Lock()
+		if err = c.refuseLocked(); err != nil {
+			c.mu.Unlock()
+			c.sendPool.Put(b)
+		}
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.credits++
+		c.signal()
+		c.mu.Unlock()
+		return err
+	}
+	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}
+	if typ == TypeRendezvous {
+		h.Flags = FlagRendezvous
+	}
+	c.stampLocked(&h)
+	c.mu.Unlock()
+	h.Encode(b.Bytes())
+	copy(b.Bytes()[HeaderSize:], payload)
+	return c.post(b, &h)
 }
 
 // flush waits until every message posted so far has left this side (its
@@ -637,8 +674,14 @@ func (c *Conn) flush(ctx context.Context) error {
 // peer in it and counts it sent; c.mu is held. post undoes it all when the
 // endpoint refuses the message.
 func (c *Conn) takeCreditLocked(h *Header) {
-	c.countSent(h, 1)
 	c.credits--
+	c.stampLocked(h)
+}
+
+// stampLocked puts the credits owed to the peer in h, which holds a credit
+// already taken, and counts it sent; c.mu is held.
+func (c *Conn) stampLocked(h *Header) {
+	c.countSent(h, 1)
 	h.Credits = uint32(c.toGrant)
 	c.granted += c.toGrant
 	c.toGrant = 0
@@ -652,23 +695,6 @@ func (c *Conn) countSent(h *Header, n uint64) {
 	if h.Type == TypeCredit {
 		c.stats.CreditMessagesSent += n
 	}
-}
-
-// post sends b; if the endpoint refuses, the credit and the grants it
-// carried are given back, and the message is not counted.
-func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
-	err := c.ep.PostSend(sendToken{}, b, HeaderSize+int(h.Length))
-	if err != nil {
-		c.sendPool.Put(b)
-		c.mu.Lock()
-		c.countSent(h, ^uint64(0))
-		c.credits++
-		c.toGrant += int(h.Credits)
-		c.granted -= int(h.Credits)
-		c.signal()
-		c.mu.Unlock()
-	}
-	return err
 }
 
 // maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.

@@ -239,9 +239,7 @@ func (c *Conn) controlLoop() {
 		c.takeCreditLocked(&h)
 		c.mu.Unlock()
 		h.Encode(b.Bytes())
-		if err := c.post(b, &h); err != nil && !errors.Is(err, endpoint.ErrClosed) {
-			c.fail(fmt.Errorf("msg: sending %v: %w", h.Type, err))
-		}
+		_ = c.post(b, &h) // a refusal is post's to handle
 	}
 }
 

@@ -1,0 +1,118 @@
+package msg
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+)
+
+// outbox combines the connection's sends into doorbells. A message is
+// queued; the goroutine that queues one while no other is posting becomes
+// the poster: it posts everything queued, in order, with one PostBatch
+// (one doorbell, a system call on Soft-RoCE), and again for whatever was
+// queued meanwhile, until the queue is empty. Concurrent senders (RPC
+// callers, a server's handlers, credit and keepalive messages) so share
+// doorbells without a goroutine of their own, and a lone sender posts at
+// once, as before.
+//
+// Messages leave in the order they were queued. A message queued is as
+// good as posted: a sender that is not the poster returns at once, and if
+// the device then refuses its message, the connection ends (the message
+// cannot be taken back from a caller told it was sent).
+type outbox struct {
+	mu      sync.Mutex
+	queued  []outgoing
+	spare   []outgoing // the poster's last batch, kept for its capacity
+	posting bool       // a goroutine is posting; it empties queued before it stops
+	reqs    []endpoint.Request
+}
+
+// outgoing is a message to post: its send buffer, whose first
+// HeaderSize bytes hold h encoded.
+type outgoing struct {
+	b *bufpool.Buffer
+	h Header
+}
+
+// post queues b, holding the encoded h and h.Length bytes of payload, and
+// posts the queue if no other goroutine is posting it. The error is the
+// device's refusal of this very message, when this goroutine posted it;
+// the credit and grants it carried are then given back, as for every
+// refused message.
+func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
+	q := &c.out
+	q.mu.Lock()
+	q.queued = append(q.queued, outgoing{b: b, h: *h})
+	if q.posting {
+		q.mu.Unlock()
+		return nil
+	}
+	q.posting = true
+	q.mu.Unlock()
+	// Let the goroutines that are ready to run (callers just handed their
+	// responses, handlers just done) queue their messages behind this one
+	// first: they then share its doorbell. With nothing else ready to
+	// run, this returns at once.
+	runtime.Gosched()
+	q.mu.Lock()
+	var own error
+	for first := true; len(q.queued) > 0; first = false {
+		batch := q.queued
+		q.queued = q.spare[:0]
+		q.mu.Unlock()
+		refused, err := c.postBatch(batch)
+		if first && refused == 0 { // this goroutine's message is the first of the first batch
+			own = err
+		}
+		clear(batch) // drop the buffers' references
+		q.mu.Lock()
+		q.spare = batch[:0]
+	}
+	q.posting = false
+	q.mu.Unlock()
+	return own
+}
+
+// postBatch posts batch with one PostBatch. It returns the index of the
+// first message the endpoint refused (len(batch) if none) and why; every
+// refused message is undone. A refusal other than the endpoint's end ends
+// the connection: senders were told those messages were sent.
+func (c *Conn) postBatch(batch []outgoing) (int, error) {
+	reqs := c.out.reqs[:0]
+	for _, m := range batch {
+		// Only the last is signaled: its completion brings back the
+		// buffers of those before it (the endpoint signals more often
+		// where its queue needs it).
+		reqs = append(reqs, endpoint.Request{Op: endpoint.OpSend, Context: sendToken{}, Buffer: m.b,
+			Length: HeaderSize + int(m.h.Length), Flags: endpoint.Unsignaled})
+	}
+	reqs[len(reqs)-1].Flags = 0
+	err := c.ep.PostBatch(reqs)
+	clear(reqs)
+	c.out.reqs = reqs[:0]
+	if err == nil {
+		return len(batch), nil
+	}
+	refused := 0
+	if pe, ok := errors.AsType[*endpoint.PostError](err); ok {
+		refused = pe.Index
+	}
+	c.mu.Lock()
+	for _, m := range batch[refused:] {
+		c.sendPool.Put(m.b)
+		c.countSent(&m.h, ^uint64(0))
+		c.credits++
+		c.toGrant += int(m.h.Credits)
+		c.granted -= int(m.h.Credits)
+	}
+	c.signal()
+	c.mu.Unlock()
+	if !errors.Is(err, endpoint.ErrClosed) {
+		c.fail(fmt.Errorf("msg: posting %d messages: %w", len(batch)-refused, err))
+	}
+	return refused, err
+}
