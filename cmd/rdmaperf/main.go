@@ -58,6 +58,8 @@ type result struct {
 	P99     float64 `json:"t_p99_us,omitempty"`
 	P999    float64 `json:"t_p999_us,omitempty"`
 	Calls   float64 `json:"calls_s,omitempty"`
+	// PerDoorbell is the client's send work requests per doorbell (rpc).
+	PerDoorbell float64 `json:"sends_per_doorbell,omitempty"`
 }
 
 var pollNames = map[string]endpoint.PollMode{"event": endpoint.PollEvent, "busy": endpoint.PollBusy, "hybrid": endpoint.PollHybrid}
@@ -211,8 +213,8 @@ func defaultIters(test string, size int) int {
 
 func printResult(r result) {
 	if r.Calls > 0 {
-		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us\n",
-			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999)
+		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us  %.2f sends/doorbell\n",
+			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999, r.PerDoorbell)
 		return
 	}
 	if r.BW > 0 && !strings.HasSuffix(r.Test, "_lat") { // stream_lat reports both

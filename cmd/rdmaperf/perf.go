@@ -612,7 +612,8 @@ func rpcClient(ctx context.Context, cfg config) (result, error) {
 		return result{}, err
 	}
 	all := slices.Concat(lat...)
-	r := result{Test: "rpc", Size: cfg.size, Iters: len(all), Calls: float64(len(all)) / dt}
+	r := result{Test: "rpc", Size: cfg.size, Iters: len(all), Calls: float64(len(all)) / dt,
+		PerDoorbell: cl.Stats().Conn.Endpoint.SendsPerDoorbell()}
 	summarize(all, &r)
 	return r, nil
 }
