@@ -188,6 +188,10 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // Accept waits for the next connect request and accepts it with the
 // listener's options plus opts. A request whose handshake then fails is
 // the dialer's problem, not the listener's: Accept waits for the next one.
+// Accept returns once the connection is established, so one loop of
+// Accepts sets connections up one after another; to set many up at once,
+// call Accept from several goroutines, or take each Request from
+// AcceptRequest and accept it in a goroutine of its own.
 func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
 	// Options no request could be accepted with are the caller's error:
 	// checked here, they would reject every dialer while Accept waited on.

@@ -157,8 +157,12 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	}
 	port := 18700
 	nextPort := func() int { port++; return port }
-	if slices.Equal(set.tests, []string{"rpc"}) { // the RPC rows alone
+	switch { // the RPC or connection rows alone
+	case slices.Equal(set.tests, []string{"rpc"}):
 		_, err := compareRPC(ctx, self, device, host, nextPort, set.repeat)
+		return err
+	case slices.Equal(set.tests, []string{"connect"}):
+		_, err := compareConnect(ctx, self, host, nextPort, set.repeat)
 		return err
 	}
 	var rows []row
@@ -246,13 +250,18 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	if err != nil {
 		return err
 	}
+	conn, err := compareConnect(ctx, self, host, nextPort, set.repeat)
+	if err != nil {
+		return err
+	}
 	if out == "" {
 		return nil
 	}
+	sections := rpcTable(rpc) + connectTable(conn)
 	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md
-		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, rpc, set.repeat)
+		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
 	}
-	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, rpc, set.repeat); err != nil {
+	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
 		return err
 	}
 	return writeChart(filepath.Join(out, "bench.png"), rows)
@@ -381,7 +390,10 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
-func writeMarkdown(path string, rows []row, rpc []rpcRow, repeat int) error {
+// writeMarkdown writes BENCHMARKS.md: the table of rows, then sections
+// (the RPC and connection tables, in Markdown), then the hand-kept part
+// of the old file.
+func writeMarkdown(path string, rows []row, sections string, repeat int) error {
 	var b strings.Builder
 	host := os.Getenv("RDMAPERF_HOST") // the machine under the guest, from make bench
 	if host == "" {
@@ -416,7 +428,7 @@ func writeMarkdown(path string, rows []row, rpc []rpcRow, repeat int) error {
 		"the ratio is within this machine's noise.\n\n", repeat)
 	b.WriteString(table(rows))
 	b.WriteString(rnrNote(rows))
-	b.WriteString(rpcTable(rpc))
+	b.WriteString(sections)
 	b.WriteString("\n![each test's speed against its C tool](bench.png)\n")
 	if old, err := os.ReadFile(path); err == nil {
 		if i := strings.Index(string(old), keptSection); i >= 0 {
@@ -452,7 +464,7 @@ func deviceSectionHead(device string) string { return "\n## On " + device + "\n"
 
 // writeDeviceSection writes (or replaces) device's section of the
 // BENCHMARKS.md at path and leaves the rest of the file as it was.
-func writeDeviceSection(path, device string, rows []row, rpc []rpcRow, repeat int) error {
+func writeDeviceSection(path, device string, rows []row, sections string, repeat int) error {
 	old, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -473,7 +485,7 @@ func writeDeviceSection(path, device string, rows []row, rpc []rpcRow, repeat in
 		"immediate data, so write_imm_bw is not run.\n\n",
 		strings.TrimSuffix(device, "0"), time.Now().UTC().Format("2006-01-02 15:04 UTC"), device, repeat)
 	b.WriteString(table(rows))
-	b.WriteString(rpcTable(rpc))
+	b.WriteString(sections)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 

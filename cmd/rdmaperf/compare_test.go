@@ -59,7 +59,7 @@ func TestMarkdownShowsEveryRunsSpread(t *testing.T) {
 			PerftestRuns: []float64{72.99, 44.86, 52.52}, OursRuns: []float64{62.26, 66.41, 51.17}},
 		{Test: "write_imm_bw", Size: 64, Poll: "busy", Ours: 1.93, OursRuns: []float64{1.93}},
 	}
-	require.NoError(t, writeMarkdown(path, rows, nil, 3))
+	require.NoError(t, writeMarkdown(path, rows, "", 3))
 	md, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "| read_bw | 65536 | busy | 52.52 | 62.26 | 1.19 | 44.86-72.99 | 51.17-66.41 |\n")
@@ -73,12 +73,12 @@ func TestMarkdownKeepsTheEarlierRunsSection(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
 	kept := keptSection + "\n| earlier | figures |\n"
 	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nold table\n"+kept), 0o644))
-	require.NoError(t, writeMarkdown(path, nil, nil, 3))
+	require.NoError(t, writeMarkdown(path, nil, "", 3))
 	got, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.NotContains(t, string(got), "old table")
 	assert.True(t, strings.HasSuffix(string(got), kept), "the kept section is carried over whole, at the end")
-	require.NoError(t, writeMarkdown(path, nil, nil, 3))
+	require.NoError(t, writeMarkdown(path, nil, "", 3))
 	again, _ := os.ReadFile(path)
 	assert.Equal(t, 1, strings.Count(string(again), keptSection), "and only once")
 }
@@ -132,8 +132,8 @@ func TestDeviceSectionSurvivesBothWriters(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("# Benchmarks\n\nrxe table\n"+keptSection+"\n| earlier |\n"), 0o644))
 	siwRows := []row{{Test: "send_bw", Size: 64, Poll: "busy", Perftest: 2, Ours: 1, PerftestRuns: []float64{2}, OursRuns: []float64{1}},
 		{Test: "read_lat", Size: 64, Poll: "event", Perftest: 30, PerftestRuns: []float64{30}}}
-	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, []rpcRow{{Callers: 16, Calls: 1234}}, 3))
-	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, []rpcRow{{Callers: 16, Calls: 1234}}, 3))
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, rpcTable([]rpcRow{{Callers: 16, Calls: 1234}}), 3))
+	require.NoError(t, writeDeviceSection(path, "siw0", siwRows, rpcTable([]rpcRow{{Callers: 16, Calls: 1234}}), 3))
 	md, err := os.ReadFile(path)
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(string(md), deviceSectionHead("siw0")), "replaced, not repeated")
@@ -142,7 +142,7 @@ func TestDeviceSectionSurvivesBothWriters(t *testing.T) {
 	assert.Contains(t, string(md), "| read_lat | 64 | event | 30.00 | n/a | n/a | 30.00-30.00 | n/a |\n", "a side with no run says n/a")
 	assert.Contains(t, string(md), "| 16 | 1234 |")
 
-	require.NoError(t, writeMarkdown(path, nil, nil, 3))
+	require.NoError(t, writeMarkdown(path, nil, "", 3))
 	md, err = os.ReadFile(path)
 	require.NoError(t, err)
 	assert.NotContains(t, string(md), "rxe table", "rxe's part is rewritten")
@@ -190,4 +190,36 @@ func TestRPCTableRatiosAgainstTheMessageRate(t *testing.T) {
 	})
 	assert.Contains(t, md, "| 16 | 5000 | 3100 | 9000 | 50000 | 0.100 | 4800-5300 | 41000-54000 |\n")
 	assert.Contains(t, md, "| 64 | 4000 | 15000 | 30000 | n/a | n/a | 4000-4000 | n/a |\n")
+}
+
+// cmtimeOutput is what cmtime -s printed for 500 connections on rxe0.
+const cmtimeOutput = `creating id
+resolving address
+resolving route
+creating qp
+connecting
+disconnecting
+destroying id
+step              total ms     max ms     min us  us / conn
+create id    :        6.87       0.29       6.00      13.74
+resolve addr :       36.18      15.08      64.00      72.37
+resolve route:       20.32       8.84    1056.00      40.64
+create qp    :       97.59       5.38     119.00     195.17
+connect      :      775.36     687.00   33527.00    1550.73
+disconnect   :      399.46     228.46     927.00     798.92
+destroy      :        6.89       0.49       9.00      13.79
+`
+
+func TestParseCmtime(t *testing.T) {
+	totals, err := parseCmtime(cmtimeOutput)
+	require.NoError(t, err)
+	require.InDelta(t, 36.18, totals["resolve addr"], 1e-9)
+	require.InDelta(t, 6.89, totals["destroy"], 1e-9)
+	_, err = parseCmtime(strings.Replace(cmtimeOutput, "connect      :", "connecting   :", 1))
+	require.ErrorContains(t, err, `"connect"`, "a missing step is an error, not a zero")
+	md := connectTable(connectRow{Conns: 400, CmtimeConns: 500, TeardownMs: 600, CmtimeTeardownMs: 400,
+		ConnsRuns: []float64{400}, CmtimeConnsRuns: []float64{500}, TeardownRuns: []float64{600}, CmtimeTeardownRuns: []float64{400}})
+	require.Contains(t, md, "| set-up, connections/s (higher is better) | 500 | 400 | 0.80 |")
+	require.Contains(t, md, "| teardown, ms (lower is better) | 400 | 600 | 1.50 |")
+	require.Empty(t, connectTable(connectRow{}), "no run, no section")
 }

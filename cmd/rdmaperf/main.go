@@ -60,6 +60,9 @@ type result struct {
 	Calls   float64 `json:"calls_s,omitempty"`
 	// PerDoorbell is the client's send work requests per doorbell (rpc).
 	PerDoorbell float64 `json:"sends_per_doorbell,omitempty"`
+	// connect: connections set up per second, and the teardown of all.
+	Conns      float64 `json:"conns_s,omitempty"`
+	TeardownMs float64 `json:"teardown_ms,omitempty"`
 }
 
 var pollNames = map[string]endpoint.PollMode{"event": endpoint.PollEvent, "busy": endpoint.PollBusy, "hybrid": endpoint.PollHybrid}
@@ -68,7 +71,7 @@ func main() {
 	mode := flag.String("mode", "", "server or client")
 	compare := flag.Bool("compare", false, "run perftest and rdmaperf in turn (needs rxe0; run under bin/rxevm)")
 	out := flag.String("out", "", "with -compare: write BENCHMARKS.md and bench.png here")
-	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, stream_bw, stream_lat, rendezvous, ud_bw, rpc")
+	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, stream_bw, stream_lat, rendezvous, ud_bw, rpc, connect")
 	size := flag.Int("size", 65536, "message size in bytes")
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
@@ -194,6 +197,8 @@ func defaultIters(test string, size int) int {
 	switch {
 	case test == "rpc":
 		return 500
+	case test == "connect":
+		return connectIters
 	case test == "rendezvous":
 		return 16
 	case size <= 4096 && lat:
@@ -212,6 +217,10 @@ func defaultIters(test string, size int) int {
 }
 
 func printResult(r result) {
+	if r.Conns > 0 {
+		fmt.Printf("%-12s %8d connections %10.0f conn/s  teardown %8.1f ms\n", r.Test, r.Iters, r.Conns, r.TeardownMs)
+		return
+	}
 	if r.Calls > 0 {
 		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us  %.2f sends/doorbell\n",
 			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999, r.PerDoorbell)

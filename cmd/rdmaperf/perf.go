@@ -127,6 +127,8 @@ func serve(ctx context.Context, cfg config) error {
 		return serveRendezvous(ctx, cfg)
 	case "ud_bw":
 		return serveUD(ctx, cfg)
+	case "connect":
+		return serveConnect(ctx, cfg)
 	}
 	l, err := cm.Listen(ctx, cfg.addr)
 	if err != nil {
@@ -307,6 +309,8 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 		return rendezvousClient(ctx, cfg)
 	case "ud_bw":
 		return udClient(ctx, cfg)
+	case "connect":
+		return connectClient(ctx, cfg)
 	}
 	var p peer
 	var err error
