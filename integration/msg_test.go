@@ -181,6 +181,43 @@ func TestMsgBothWaysManySenders(t *testing.T) {
 	t.Logf("%d messages each way through 4 credits, %v", senders*each, client.Stats().Endpoint)
 }
 
+// TestCallsGivenUpKeepTheirCredits: calls whose ctx ends around the time
+// their response arrives must not keep that response's receive: each one
+// kept would be a credit the server never gets back, and with 4 receives
+// the client would soon take no response at all.
+func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	s, addr, served := rpcServer(t, ctx, msg.WithRecvDepth(4))
+	cl, err := msg.DialClient(ctx, addr, msg.WithRecvDepth(4))
+	require.NoError(t, err)
+	// Timeouts around one round trip, so that some end as the response comes.
+	rtt := time.Now()
+	_, err = cl.Call(ctx, "echo", []byte("x"))
+	require.NoError(t, err)
+	round := time.Since(rtt)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 150 {
+				short, cancel := context.WithTimeout(ctx, round*time.Duration(i%4+g%2)/2)
+				cl.Call(short, "echo", []byte("x"))
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	for i := range 20 {
+		call, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := cl.Call(call, "echo", []byte("after"))
+		cancel()
+		require.NoError(t, err, "call %d after the given-up ones", i)
+	}
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
 func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) {
 	switch method {
 	case "echo":

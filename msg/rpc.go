@@ -123,6 +123,11 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		return response(method, m)
 	case <-ctx.Done():
 		forget()
+		select { // it came as ctx ended: its receive goes back
+		case m := <-ch:
+			m.Release()
+		default:
+		}
 		return nil, ctx.Err()
 	case <-cl.c.Done():
 		<-cl.loopDone // every response that arrived has been routed
