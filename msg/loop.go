@@ -24,7 +24,15 @@ func (c *Conn) run() {
 				c.signal() // for flush
 				c.mu.Unlock()
 			}
-			if comp.Err != nil {
+			switch {
+			case errors.Is(comp.Err, endpoint.ErrClosed):
+				// Flushed: the connection is over, but why (the peer's
+				// goodbye, a crash) is the receive side's to say, after
+				// every message that arrived before; the send and receive
+				// queues' completions are not ordered with each other.
+				// Closing the endpoint flushes the receives that say it.
+				c.ep.Close()
+			case comp.Err != nil:
 				c.fail(fmt.Errorf("msg: send: %w", comp.Err))
 			}
 		case endpoint.OpRecv:
