@@ -128,7 +128,7 @@ func newDialOptions(opts []DialOption) (dialOptions, error) {
 }
 
 func newListenOptions(opts []ListenOption) (listenOptions, error) {
-	o := listenOptions{conn: defaultConn(), backlog: 64}
+	o := listenOptions{conn: defaultConn(), backlog: defaultBacklog}
 	for _, f := range opts {
 		f.applyListen(&o)
 	}
@@ -348,8 +348,14 @@ func WithResolveTimeout(d time.Duration) DialOption {
 	})
 }
 
+// defaultBacklog is the kernel's own bound on a listening rdma_cm id's
+// unanswered requests (rdma_ucm's max_backlog), so that the listener's
+// queue is not the narrower of the two: a burst of dials (500 at once
+// against msg.Listener) overflowed a queue of 64 and was rejected.
+const defaultBacklog = 1024
+
 // WithBacklog sets how many connect requests wait for Accept before new
-// ones are rejected (default 64).
+// ones are rejected (default 1024, the kernel's max_backlog).
 func WithBacklog(n int) ListenOption {
 	return listenOnly(func(o *listenOptions) {
 		if n < 1 && o.err == nil {

@@ -739,3 +739,57 @@ func TestAcceptingSideWaitsForTheDialer(t *testing.T) {
 		require.NoError(t, pool.Put(c.Buffer))
 	}
 }
+
+// TestMsgListenerSetsUpBeforeAccept: a msg Listener sets connections up as
+// their requests arrive, as a TCP listener's kernel does, so dialers get
+// through while nobody calls Accept; Accept then hands each out, whole;
+// Close ends the ones nobody took, in order (their dialers read io.EOF).
+func TestMsgListenerSetsUpBeforeAccept(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const dialers, taken = 8, 6
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+
+	dialCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	clients := make([]*msg.Conn, dialers)
+	errs := make([]error, dialers)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() { clients[i], errs[i] = msg.Dial(dialCtx, l.Addr().String()) })
+	}
+	wg.Wait() // no Accept yet
+	byAddr := map[string]int{}
+	for i, c := range clients {
+		require.NoError(t, errs[i], "dial %d, with nobody in Accept", i)
+		defer c.Close()
+		byAddr[c.LocalAddr().String()] = i
+	}
+	require.Len(t, byAddr, dialers)
+
+	for range taken {
+		srv, err := l.Accept(ctx)
+		require.NoError(t, err)
+		defer srv.Close()
+		i, ok := byAddr[srv.RemoteAddr().String()]
+		require.True(t, ok, "accepted %v, which nobody dialed from", srv.RemoteAddr())
+		delete(byAddr, srv.RemoteAddr().String())
+		want := fmt.Sprintf("from dialer %d", i)
+		require.NoError(t, clients[i].Send(ctx, []byte(want)))
+		got, err := srv.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, string(got))
+	}
+	require.Len(t, byAddr, dialers-taken)
+
+	require.NoError(t, l.Close())
+	require.NoError(t, l.Close(), "Close is idempotent")
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, net.ErrClosed)
+	for _, i := range byAddr {
+		_, err := clients[i].Recv(ctx)
+		require.ErrorIs(t, err, io.EOF, "dialer %d, set up but never accepted, after the listener closed", i)
+	}
+}

@@ -231,11 +231,42 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	return nil, err
 }
 
-// Listener accepts msg connections.
+// Listener accepts msg connections. Like a TCP listener's kernel, it
+// sets connections up as their requests arrive, each handshake in a
+// goroutine of its own, and Accept hands out those that are ready: a plain
+// loop of Accepts (Server.Serve, net/http over rdmanet) does not set
+// connections up one after another.
 type Listener struct {
 	l *cm.Listener
 	o options
+
+	ctx    context.Context // the handshakes'; ends with Close
+	cancel context.CancelFunc
+	// slots bounds the connections being set up or waiting for Accept
+	// (acceptAhead); further requests wait in the CM listener's backlog.
+	slots      chan struct{}
+	ready      chan accepted
+	closed     chan struct{}
+	handshakes sync.WaitGroup // the accept loop and every handshake
+	closeOnce  sync.Once
+	closeErr   error
 }
+
+// accepted is a connection set up for Accept, or the local failure
+// (not the dialer's) that kept one from being set up.
+type accepted struct {
+	c   *Conn
+	err error
+}
+
+// acceptAhead is how many connections a Listener sets up, or holds set up,
+// before Accept takes them.
+const acceptAhead = 64
+
+// handshakeTimeout bounds one connection's set-up on the listening side,
+// so that a dialer that vanishes mid-handshake does not hold a slot for as
+// long as the CM retries.
+const handshakeTimeout = 30 * time.Second
 
 // Listen listens on addr for msg connections.
 func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
@@ -247,52 +278,116 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 	for _, opt := range o.connOptions() {
 		listenOpts = append(listenOpts, opt)
 	}
-	l, err := cm.Listen(ctx, addr, listenOpts...)
+	cl, err := cm.Listen(ctx, addr, listenOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Listener{l: l, o: o}, nil
+	lctx, cancel := context.WithCancel(context.Background())
+	l := &Listener{l: cl, o: o, ctx: lctx, cancel: cancel, slots: make(chan struct{}, acceptAhead),
+		ready: make(chan accepted, acceptAhead), closed: make(chan struct{})}
+	l.handshakes.Go(l.acceptLoop)
+	return l, nil
 }
 
 // Addr is the listening address.
 func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 
-// Close stops listening. Accepted connections are not affected.
-func (l *Listener) Close() error { return l.l.Close() }
-
-// Accept waits for the next msg connection. Connect requests that are not
-// from a msg peer are rejected and skipped.
-func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	for {
-		req, err := l.l.AcceptRequest(ctx)
-		if err != nil {
-			return nil, err
-		}
-		peer, err := parseHello(req.PrivateData())
-		if err != nil {
-			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: rejecting a connect request")
-			req.Reject([]byte("msg: no hello"))
-			continue
-		}
-		var pool *bufpool.Pool
-		ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
-			cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))
-		if err != nil {
-			abandon(pool)
-			if ctx.Err() != nil {
-				return nil, err
+// Close stops listening and closes the connections set up that Accept had
+// not taken; a blocked Accept returns an error matching net.ErrClosed.
+// Accepted connections are not affected. Idempotent.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		l.cancel()
+		l.closeErr = l.l.Close()
+		l.handshakes.Wait()
+		for {
+			select {
+			case a := <-l.ready:
+				if a.c != nil {
+					a.c.Close()
+				}
+				continue
+			default:
 			}
-			l.o.logger.Debug().Err(err).Msg("msg: accept failed")
-			continue
+			break
 		}
-		c, err := newConn(ep, l.o, pool, peer, false)
-		if err != nil {
-			ep.CloseAndDrain(nil)
-			abandon(pool)
-			return nil, err
-		}
-		return c, nil
+	})
+	return l.closeErr
+}
+
+// Accept waits for the next msg connection, set up already or as soon as
+// one is. Connect requests that are not from a msg peer are rejected, and
+// handshakes that fail are the dialer's business: neither reaches Accept.
+// After Close it returns an error matching net.ErrClosed.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	select {
+	case <-l.closed:
+		return nil, cm.ErrListenerClosed
+	default:
 	}
+	select {
+	case a := <-l.ready:
+		<-l.slots
+		return a.c, a.err
+	case <-l.closed:
+		return nil, cm.ErrListenerClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// acceptLoop takes connect requests while a slot is free and sets each up
+// in a goroutine of its own, until Close.
+func (l *Listener) acceptLoop() {
+	for {
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.ctx.Done():
+			return
+		}
+		req, err := l.l.AcceptRequest(l.ctx)
+		if err != nil { // closed
+			return
+		}
+		l.handshakes.Go(func() {
+			c, err := l.handshake(req)
+			if c == nil && err == nil {
+				<-l.slots
+				return
+			}
+			l.ready <- accepted{c, err} // never blocks: a slot is held
+		})
+	}
+}
+
+// handshake sets one connection up. It returns nil and nil when the
+// request or its handshake failed on the dialer's account (or Close cut
+// it short), and an error only for a local failure Accept should report.
+func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
+	peer, err := parseHello(req.PrivateData())
+	if err != nil {
+		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: rejecting a connect request")
+		req.Reject([]byte("msg: no hello"))
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, handshakeTimeout)
+	defer cancel()
+	var pool *bufpool.Pool
+	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
+		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))
+	if err != nil {
+		abandon(pool)
+		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
+		return nil, nil
+	}
+	c, err := newConn(ep, l.o, pool, peer, false)
+	if err != nil {
+		ep.CloseAndDrain(nil)
+		abandon(pool)
+		return nil, err
+	}
+	return c, nil
 }
 
 // LocalAddr is this side's address of the connection.
