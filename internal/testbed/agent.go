@@ -16,10 +16,11 @@ import (
 // writable share, because a kernel command line is too short and too hard to
 // quote for an arbitrary environment.
 type job struct {
-	Argv       []string
-	Env        []string
-	Dir        string
-	StatusFile string
+	Argv        []string
+	Env         []string
+	Dir         string
+	StartedFile string // written before the command runs: the guest booted
+	StatusFile  string
 }
 
 // GuestAgent runs inside the guest (chrooted into the host's root): it runs
@@ -33,6 +34,9 @@ func GuestAgent(jobFile string) error {
 	var j job
 	if err := json.Unmarshal(data, &j); err != nil {
 		return fmt.Errorf("job %s: %w", jobFile, err)
+	}
+	if err := os.WriteFile(j.StartedFile, nil, 0o644); err != nil {
+		return err
 	}
 	stdout, err := os.OpenFile("/dev/ttyS1", os.O_WRONLY, 0)
 	if err != nil {

@@ -2,9 +2,14 @@ package testbed
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -90,4 +95,24 @@ func TestKernelSeries(t *testing.T) {
 func TestRunRefusesUnknownDevice(t *testing.T) {
 	_, err := Run(t.Context(), []string{"true"}, Options{Device: "mlx5"})
 	require.ErrorContains(t, err, `device "mlx5"`)
+}
+
+// TestWaitForJobsFindsAHungBoot: a guest whose agent writes its started
+// file in time, or whose qemu exited, is not hung; one that does neither
+// within the timeout is, and is the one returned.
+func TestWaitForJobsFindsAHungBoot(t *testing.T) {
+	dir := t.TempDir()
+	newGuest := func(i int) *guest {
+		return &guest{index: i, exited: make(chan struct{}), started: filepath.Join(dir, fmt.Sprintf("started-%d", i))}
+	}
+	booting, exited := newGuest(0), newGuest(1)
+	close(exited.exited)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		os.WriteFile(booting.started, nil, 0o644)
+	}()
+	require.Nil(t, waitForJobs(context.Background(), []*guest{booting, exited}, 10*time.Second))
+
+	hung := newGuest(2)
+	require.Same(t, hung, waitForJobs(context.Background(), []*guest{booting, hung}, 300*time.Millisecond))
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -135,10 +136,22 @@ func runOnHost(ctx context.Context, argv []string, opts Options) (int, error) {
 type guest struct {
 	index   int
 	cmd     *exec.Cmd
+	exited  chan struct{} // closed when qemu has exited
 	console *tailBuffer
 	copies  sync.WaitGroup
+	started string // the agent writes it on the share before the job runs
 	status  string // status file on the share
 }
+
+// bootTimeout bounds a guest's boot, from qemu's start until its agent
+// starts the job; a boot takes about 8 s. Rarely, a TCG guest hangs
+// before the job starts, printing nothing: it is killed and booted again,
+// up to bootAttempts times in all, rather than holding the run until its
+// timeout. A job that started is never run twice.
+const (
+	bootTimeout  = 90 * time.Second
+	bootAttempts = 3
+)
 
 func runInGuests(ctx context.Context, argv []string, opts Options) (int, error) {
 	qemu, err := exec.LookPath("qemu-system-x86_64")
@@ -180,27 +193,87 @@ func runInGuests(ctx context.Context, argv []string, opts Options) (int, error) 
 		return 0, err
 	}
 
-	ports, err := freeUDPPorts(opts.Guests)
-	if err != nil {
-		return 0, err
-	}
-	guests := make([]*guest, opts.Guests)
-	for i := range guests {
-		g, err := startGuest(ctx, i, qemu, agent, k, mods, runDir, share, wd, argv, ports, opts)
+	for attempt := 1; ; attempt++ {
+		ports, err := freeUDPPorts(opts.Guests)
 		if err != nil {
-			for _, started := range guests[:i] {
-				started.cmd.Process.Kill()
-				started.cmd.Wait()
-			}
 			return 0, err
 		}
-		guests[i] = g
+		guests := make([]*guest, 0, opts.Guests)
+		for i := range opts.Guests {
+			g, err := startGuest(ctx, i, qemu, agent, k, mods, runDir, share, wd, argv, ports, opts)
+			if err != nil {
+				stopGuests(guests)
+				return 0, err
+			}
+			guests = append(guests, g)
+		}
+		hung := waitForJobs(ctx, guests, bootTimeout)
+		if hung == nil || attempt == bootAttempts {
+			return waitForGuests(ctx, guests)
+		}
+		stopGuests(guests)
+		fmt.Fprintf(opts.Stderr, "rxevm: guest %d did not start its job within %v (boot %d of %d); booting again. Its console ended with:\n%s\n",
+			hung.index, bootTimeout, attempt, bootAttempts, hung.console.String())
 	}
+}
 
+// waitForJobs waits until every guest has started its job or exited, and
+// returns the first that did neither within timeout (nil if none did, or
+// ctx ended).
+func waitForJobs(ctx context.Context, guests []*guest, timeout time.Duration) *guest {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(100 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		var waiting *guest
+		for _, g := range guests {
+			if !g.jobStarted() {
+				waiting = g
+				break
+			}
+		}
+		if waiting == nil {
+			return nil
+		}
+		select {
+		case <-poll.C:
+		case <-deadline.C:
+			return waiting
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// jobStarted says the guest's agent started the job, or qemu is gone
+// (exitStatus then says why).
+func (g *guest) jobStarted() bool {
+	select {
+	case <-g.exited:
+		return true
+	default:
+	}
+	_, err := os.Stat(g.started)
+	return err == nil
+}
+
+// stopGuests kills the guests and waits until they and their output are gone.
+func stopGuests(guests []*guest) {
+	for _, g := range guests {
+		g.cmd.Process.Kill()
+		<-g.exited
+		g.copies.Wait()
+	}
+}
+
+// waitForGuests waits for every guest to end and returns the first
+// non-zero exit status among them, or the first error.
+func waitForGuests(ctx context.Context, guests []*guest) (int, error) {
 	status := 0
 	var firstErr error
 	for _, g := range guests {
-		g.cmd.Wait()
+		<-g.exited
 		g.copies.Wait()
 		code, err := g.exitStatus(ctx)
 		if err != nil && firstErr == nil {
@@ -227,7 +300,13 @@ func (g *guest) exitStatus(ctx context.Context) (int, error) {
 
 func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods []string,
 	runDir, share, wd string, argv []string, ports []int, opts Options) (*guest, error) {
-	g := &guest{index: i, console: &tailBuffer{max: 16 << 10}, status: filepath.Join(share, fmt.Sprintf("status-%d", i))}
+	g := &guest{index: i, exited: make(chan struct{}), console: &tailBuffer{max: 16 << 10},
+		started: filepath.Join(share, fmt.Sprintf("started-%d", i)), status: filepath.Join(share, fmt.Sprintf("status-%d", i))}
+	for _, f := range []string{g.started, g.status} { // left by an earlier boot
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
 	cfg := guestConfig{Kind: opts.Device, NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share, Out: opts.WritableDir,
 		Job: filepath.Join(share, fmt.Sprintf("job-%d.json", i))}
 	env := append(os.Environ(), EnvDevice+"="+opts.Device+"0", EnvTransport+"="+deviceTransport[opts.Device], EnvGuest+"="+strconv.Itoa(i),
@@ -240,7 +319,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 	}
 	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0], EnvAddr6+"="+strings.Split(cfg.Addr6, "/")[0],
 		EnvNetdev+"="+cfg.NIC)
-	jobData, _ := json.Marshal(job{Argv: argv, Env: env, Dir: wd, StatusFile: g.status})
+	jobData, _ := json.Marshal(job{Argv: argv, Env: env, Dir: wd, StartedFile: g.started, StatusFile: g.status})
 	if err := os.WriteFile(cfg.Job, jobData, 0o644); err != nil {
 		return nil, err
 	}
@@ -308,6 +387,10 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		return nil, fmt.Errorf("testbed: starting qemu: %w", err)
 	}
 	g.cmd = cmd
+	go func() {
+		cmd.Wait()
+		close(g.exited)
+	}()
 	return g, nil
 }
 
