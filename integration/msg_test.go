@@ -246,7 +246,7 @@ func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) 
 	return nil, fmt.Errorf("no method %q", method)
 }
 
-func rpcServer(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Server, string, chan error) {
+func rpcServer(t testing.TB, ctx context.Context, opts ...msg.Option) (*msg.Server, string, chan error) {
 	t.Helper()
 	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
 	require.NoError(t, err)
@@ -256,14 +256,27 @@ func rpcServer(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Serv
 	return s, l.Addr().String(), served
 }
 
+// rpcClient starts an rpcServer and dials it with opts. stop closes the
+// client, shuts the server down and checks that Serve returned
+// ErrShutdown.
+func rpcClient(t testing.TB, ctx context.Context, opts ...msg.Option) (cl *msg.Client, s *msg.Server, stop func()) {
+	t.Helper()
+	s, addr, served := rpcServer(t, ctx, opts...)
+	cl, err := msg.DialClient(ctx, addr, opts...)
+	require.NoError(t, err)
+	return cl, s, func() {
+		require.NoError(t, cl.Close())
+		require.NoError(t, s.Shutdown(ctx))
+		require.ErrorIs(t, <-served, msg.ErrShutdown)
+	}
+}
+
 // TestRPCConcurrentCallers: 32 callers x 1000 calls on one connection,
 // every result checked.
 func TestRPCConcurrentCallers(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	s, addr, served := rpcServer(t, ctx)
-	cl, err := msg.DialClient(ctx, addr)
-	require.NoError(t, err)
+	cl, _, stop := rpcClient(t, ctx)
 	const callers, calls = 32, 1000
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
@@ -302,19 +315,15 @@ func TestRPCConcurrentCallers(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	t.Logf("%d calls in %v: %.0f calls/s", callers*calls, elapsed, float64(callers*calls)/elapsed.Seconds())
-	require.NoError(t, cl.Close())
-	require.NoError(t, s.Shutdown(ctx))
-	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	stop()
 }
 
 func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	s, addr, served := rpcServer(t, ctx)
-	cl, err := msg.DialClient(ctx, addr)
-	require.NoError(t, err)
+	cl, _, stop := rpcClient(t, ctx)
 
-	_, err = cl.Call(ctx, "fail", nil)
+	_, err := cl.Call(ctx, "fail", nil)
 	var re *msg.RemoteError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, "you asked for it: msg: not found", re.Msg)
@@ -340,9 +349,7 @@ func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sha256.Sum256(big), sha256.Sum256(resp))
 
-	require.NoError(t, cl.Close())
-	require.NoError(t, s.Shutdown(ctx))
-	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	stop()
 }
 
 // TestServerShutdownWithCallsInFlight: every call in flight completes or

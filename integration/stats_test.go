@@ -60,9 +60,7 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	require.Zero(t, cs.Endpoint.Failed+ss.Endpoint.Failed, "no work request failed")
 	require.Zero(t, cs.Endpoint.RNRRetryExceeded+ss.Endpoint.RNRRetryExceeded)
 
-	s, addr, served := rpcServer(t, ctx)
-	cl, err := msg.DialClient(ctx, addr)
-	require.NoError(t, err)
+	cl, s, stop := rpcClient(t, ctx)
 	const callers, calls = 8, 50
 	var wg sync.WaitGroup
 	for range callers {
@@ -75,7 +73,7 @@ func TestStatsCountTheTraffic(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	_, err = cl.Call(ctx, "fail", nil)
+	_, err := cl.Call(ctx, "fail", nil)
 	require.Error(t, err)
 	// The server counts a call once its answer has gone to the connection,
 	// which can be just after the caller has it.
@@ -92,9 +90,7 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	ct := cl.Stats()
 	require.Equal(t, uint64(callers*calls+1), ct.Calls)
 	require.Zero(t, ct.CallsInFlight)
-	require.NoError(t, cl.Close())
-	require.NoError(t, s.Shutdown(ctx))
-	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	stop()
 }
 
 // TestRendezvousRegionsAreReused: a connection keeps its rendezvous regions
@@ -133,4 +129,23 @@ func TestRendezvousRegionsAreReused(t *testing.T) {
 			require.Equal(t, uint64(len(sizes)), cs.RegionCacheHits+cs.RegionCacheMisses)
 		})
 	}
+}
+
+// TestKeepaliveRoundTripIsMeasured: an idle connection's keepalives time
+// their round trip, on both sides, and a plausible one: more than nothing,
+// less than the keepalive timeout that would have ended the connection.
+func TestKeepaliveRoundTripIsMeasured(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+
+	const interval, timeout = 20 * time.Millisecond, 2 * time.Second
+	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(interval, timeout))
+	require.Eventually(t, func() bool {
+		return client.Stats().KeepaliveRTT > 0 && server.Stats().KeepaliveRTT > 0
+	}, 5*time.Second, interval, "an idle connection sends keepalives, and each side times them")
+	for _, s := range []msg.Stats{client.Stats(), server.Stats()} {
+		require.Less(t, s.KeepaliveRTT, timeout)
+		require.Positive(t, s.CreditMessagesSent, "keepalives are credit messages")
+	}
+	require.NoError(t, client.Err(), "the connection lives on")
 }

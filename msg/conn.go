@@ -49,22 +49,42 @@ type Message struct {
 	ID      uint64
 	Payload []byte
 
-	c      *Conn
-	buf    *bufpool.Buffer // a receive buffer, reposted on Release
-	region *bufpool.Region // a rendezvous region, freed on Release
-	once   sync.Once
+	c    *Conn
+	mem  arrival
+	once sync.Once
 }
 
 // Release gives the message's memory back; the peer gets the credit.
+// Idempotent.
 func (m *Message) Release() {
-	m.once.Do(func() {
-		if m.buf != nil {
-			m.c.repost(m.buf)
-			return
-		}
-		m.c.rv.put(m.region, bufpool.RemoteWrite)
-		m.c.grant()
-	})
+	m.once.Do(func() { m.c.release(m.mem) })
+}
+
+// arrival is a message as the inbox holds it: what a Message shows, and
+// the memory it keeps. The library's own readers (Client, Server) take
+// these as they are, and release them themselves, so that a call
+// allocates no Message.
+type arrival struct {
+	typ     Type
+	id      uint64
+	payload []byte
+	buf     *bufpool.Buffer // a receive buffer, reposted on release
+	region  *bufpool.Region // or a rendezvous region, freed on release
+}
+
+// message makes r a Message for RecvMessage's caller.
+func (c *Conn) message(r arrival) *Message {
+	return &Message{Type: r.typ, ID: r.id, Payload: r.payload, c: c, mem: r}
+}
+
+// release gives r's memory back, once; the peer gets the credit.
+func (c *Conn) release(r arrival) {
+	if r.buf != nil {
+		c.repost(r.buf)
+		return
+	}
+	c.rv.put(r.region, bufpool.RemoteWrite)
+	c.grant()
 }
 
 // Conn is a message connection: Send and Recv, with credit-based flow
@@ -82,14 +102,15 @@ type Conn struct {
 	credits int           // messages this side may send
 	toGrant int           // receives reposted and not yet announced
 	dones   []uint64      // rendezvous ids to confirm
-	changed chan struct{} // closed (and replaced) on every change of the above
+	changed chan struct{} // closed (and replaced) on a change of the above, if watched
+	watched bool          // a waiter took changed since it was made
 	err     error         // why the connection ended
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
 	rv      *regionCache // rendezvous regions, both directions
 	// For keepalives: when this side last sent and heard, and how many
 	// credits it granted and messages it received in all (the peer's
-	// credits are recvDepth + granted - received).
+	// credits are recvDepth + granted - receivedTotal).
 	lastSend, lastRecv     time.Time
 	lastCheck              time.Time // the control loop's last silence check
 	granted, receivedTotal int
@@ -113,13 +134,13 @@ type Conn struct {
 
 	oneSidedSlots chan struct{} // one per one-sided operation in flight (maxOneSided)
 
-	inbox chan *Message
+	inbox chan arrival
 	// The peer's half-close: run holds its TypeCloseWrite (heldEOF) while
 	// rendezvous reads announced before it are in flight (rvReads), then
 	// puts it in the inbox after their messages; the first RecvMessage to
 	// take it closes eof, and every RecvMessage after returns io.EOF.
 	rvReads   int      // run's own
-	heldEOF   *Message // run's own
+	heldEOF   *arrival // run's own
 	eof       chan struct{}
 	eofOnce   sync.Once
 	done      chan struct{}
@@ -144,6 +165,10 @@ type rendezvousRead struct {
 // sendToken marks send completions of the connection's own buffers.
 type sendToken struct{}
 
+// probeToken marks the send completion of a keepalive, posted signaled at
+// posted: the time to its completion is the keepalive's round trip.
+type probeToken struct{ posted time.Time }
+
 func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hello, dialer bool) (*Conn, error) {
 	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(peer.bufSize), bufpool.Count(o.recvDepth))
 	if err != nil {
@@ -153,7 +178,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
-		inbox: make(chan *Message, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
+		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
 		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
@@ -410,10 +435,22 @@ func (c *Conn) Err() error {
 // rendezvous.
 func (c *Conn) MaxInline() int { return c.maxInline }
 
-// signal wakes everything waiting on a change; c.mu is held.
+// signal wakes everything waiting on a change; c.mu is held. With no
+// waiter, the channel stays as it is: most changes (a credit, a send
+// buffer back) have nobody waiting, and a new channel each would cost an
+// allocation per message.
 func (c *Conn) signal() {
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.watched {
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.watched = false
+	}
+}
+
+// changes is the channel the next signal closes; c.mu is held.
+func (c *Conn) changes() <-chan struct{} {
+	c.watched = true
+	return c.changed
 }
 
 // fail ends the connection with err (the first error wins) and closes the
@@ -452,8 +489,8 @@ func (c *Conn) Close() error {
 		// Messages nobody took: give their memory back.
 		for {
 			select {
-			case m := <-c.inbox:
-				m.Release()
+			case r := <-c.inbox:
+				c.release(r)
 				continue
 			default:
 			}
@@ -494,7 +531,7 @@ func (c *Conn) sayGoodbye() {
 	c.takeCreditLocked(&h)
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
-	if c.post(b, &h) != nil {
+	if c.post(outgoing{b: b, h: h}) != nil {
 		return
 	}
 	c.flush(ctx)
@@ -525,7 +562,7 @@ func (c *Conn) grant() {
 // with an error saying so. Larger than MaxInline, it goes by rendezvous: Send
 // returns once the peer has read it.
 func (c *Conn) Send(ctx context.Context, payload []byte) error {
-	return c.send(ctx, TypeData, 0, payload)
+	return c.send(ctx, TypeData, 0, nil, payload)
 }
 
 // Recv returns the next message's payload, copied; the message is released.
@@ -546,45 +583,54 @@ func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 // After the peer's CloseWrite, every message it sent before is returned,
 // then io.EOF, while the connection stays up for this side's sends.
 func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
+	r, err := c.recv(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.message(r), nil
+}
+
+// recv is RecvMessage without the Message: the caller releases r.
+func (c *Conn) recv(ctx context.Context) (arrival, error) {
 	select {
-	case m := <-c.inbox:
-		return c.taken(m)
+	case r := <-c.inbox:
+		return c.taken(r)
 	case <-c.eof:
-		return nil, io.EOF
+		return arrival{}, io.EOF
 	default:
 	}
 	select {
-	case m := <-c.inbox:
-		return c.taken(m)
+	case r := <-c.inbox:
+		return c.taken(r)
 	case <-c.eof:
-		return nil, io.EOF
+		return arrival{}, io.EOF
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return arrival{}, ctx.Err()
 	case <-c.done:
 		<-c.loopDone // messages that arrived before the end are all in the inbox now
 		select {
-		case m := <-c.inbox:
-			return c.taken(m)
+		case r := <-c.inbox:
+			return c.taken(r)
 		case <-c.eof:
-			return nil, io.EOF
+			return arrival{}, io.EOF
 		default:
 			if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
-				return nil, err
+				return arrival{}, err
 			}
-			return nil, io.EOF
+			return arrival{}, io.EOF
 		}
 	}
 }
 
-// taken returns m, taken from the inbox, to RecvMessage's caller; the
-// peer's TypeCloseWrite is io.EOF instead, for this call and every later one.
-func (c *Conn) taken(m *Message) (*Message, error) {
-	if m.Type != TypeCloseWrite {
-		return m, nil
+// taken returns r, taken from the inbox, to recv's caller; the peer's
+// TypeCloseWrite is io.EOF instead, for this call and every later one.
+func (c *Conn) taken(r arrival) (arrival, error) {
+	if r.typ != TypeCloseWrite {
+		return r, nil
 	}
-	m.Release()
+	c.release(r)
 	c.eofOnce.Do(func() { close(c.eof) })
-	return nil, io.EOF
+	return arrival{}, io.EOF
 }
 
 // CloseWrite half-closes the connection: the peer reads every message sent
@@ -619,7 +665,7 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 		if ready() {
 			return nil
 		}
-		ch := c.changed
+		ch := c.changes()
 		c.mu.Unlock()
 		select {
 		case <-ch:
@@ -663,14 +709,15 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 	return nil, err
 }
 
-// send sends one message of type typ; control messages (credit, done) go
-// through sendControl.
-func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) error {
+// send sends one message of type typ whose payload is head then payload
+// (two parts, so that a caller need not join them in a buffer of its own);
+// control messages (credit, done) go through the control loop.
+func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
 	if c.writeClosed.Load() { // even after the connection ended, as a socket's EPIPE
 		return ErrWriteClosed
 	}
-	if len(payload) > c.maxInline {
-		return c.sendRendezvous(ctx, typ, id, payload)
+	if len(head)+len(payload) > c.maxInline {
+		return c.sendRendezvous(ctx, typ, id, head, payload)
 	}
 	// The credit first, then the buffer: a sender waiting for a credit
 	// must not hold a buffer, or senders waiting on both sides could hold
@@ -705,7 +752,7 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, payload []byte) er
 	c.credits-- // this message's, held while it waits for a buffer
 	c.posting.Add(1)
 	c.mu.Unlock()
-	err := c.sendMessage(ctx, typ, id, payload)
+	err := c.sendMessage(ctx, typ, id, head, payload)
 	if c.posting.Add(-1) == 0 && c.writeClosed.Load() {
 		c.mu.Lock()
 		c.signal() // the control loop may send the end of data now
@@ -728,7 +775,7 @@ func (c *Conn) refuseLocked() error {
 
 // sendMessage sends one message with the credit send took for it: it takes
 // a send buffer, fills it and posts it, or gives the credit back.
-func (c *Conn) sendMessage(ctx context.Context, typ Type, id uint64, payload []byte) error {
+func (c *Conn) sendMessage(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
 	b, err := c.sendBuffer(ctx)
 	if err == nil {
 		c.mu.Lock()
@@ -744,15 +791,15 @@ func (c *Conn) sendMessage(ctx context.Context, typ Type, id uint64, payload []b
 		c.mu.Unlock()
 		return err
 	}
-	h := Header{Type: typ, ID: id, Length: uint32(len(payload))}
+	h := Header{Type: typ, ID: id, Length: uint32(len(head) + len(payload))}
 	if typ == TypeRendezvous {
 		h.Flags = FlagRendezvous
 	}
 	c.stampLocked(&h)
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
-	copy(b.Bytes()[HeaderSize:], payload)
-	return c.post(b, &h)
+	copy(b.Bytes()[HeaderSize+copy(b.Bytes()[HeaderSize:], head):], payload)
+	return c.post(outgoing{b: b, h: h})
 }
 
 // flush waits until every message posted so far has left this side (its
@@ -795,18 +842,19 @@ func (c *Conn) countSent(h *Header, n uint64) {
 // maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.
 const maxRendezvous = 1 << 31
 
-// sendRendezvous puts payload in a region the peer may read and sends its
-// description; the region is freed when the peer says it has read it (or
-// the connection ends), even if ctx gives up first.
-func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload []byte) error {
-	if len(payload) > maxRendezvous {
-		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", len(payload), maxRendezvous)
+// sendRendezvous puts head and payload in a region the peer may read and
+// sends its description; the region is freed when the peer says it has
+// read it (or the connection ends), even if ctx gives up first.
+func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
+	size := len(head) + len(payload)
+	if size > maxRendezvous {
+		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", size, maxRendezvous)
 	}
-	region, err := c.rv.get(len(payload), bufpool.RemoteRead)
+	region, err := c.rv.get(size, bufpool.RemoteRead)
 	if err != nil {
 		return err
 	}
-	copy(region.Bytes(), payload)
+	copy(region.Bytes()[copy(region.Bytes(), head):], payload)
 	p := &pendingRendezvous{region: region, done: make(chan struct{})}
 	c.mu.Lock()
 	if c.err != nil {
@@ -820,10 +868,10 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 	c.mu.Unlock()
 
 	remote := region.Remote()
-	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(len(payload))}
+	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(size)}
 	var body [rendezvousInfoSize]byte
 	info.encode(body[:])
-	if err := c.send(ctx, TypeRendezvous, id, body[:]); err != nil {
+	if err := c.send(ctx, TypeRendezvous, id, nil, body[:]); err != nil {
 		c.mu.Lock()
 		if _, ok := c.rvSend[rv]; ok { // never offered: nobody will read it
 			delete(c.rvSend, rv)
@@ -834,7 +882,7 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, payload 
 	}
 	c.mu.Lock()
 	c.stats.RendezvousSent++
-	c.stats.RendezvousBytesSent += uint64(len(payload))
+	c.stats.RendezvousBytesSent += uint64(size)
 	c.mu.Unlock()
 	select {
 	case <-p.done:

@@ -18,9 +18,13 @@ func (c *Conn) run() {
 	for comp := range c.ep.Completions() {
 		switch comp.Op {
 		case endpoint.OpSend:
-			if _, ok := comp.Context.(sendToken); ok {
+			switch tok := comp.Context.(type) {
+			case sendToken, probeToken:
 				c.sendPool.Put(comp.Buffer)
 				c.mu.Lock()
+				if p, ok := tok.(probeToken); ok && comp.Err == nil {
+					c.stats.KeepaliveRTT = time.Since(p.posted)
+				}
 				c.signal() // for flush
 				c.mu.Unlock()
 			}
@@ -60,7 +64,7 @@ func (c *Conn) run() {
 				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
 				continue
 			}
-			c.inbox <- &Message{Type: rr.info.Type, ID: rr.hdr.ID, Payload: rr.region.Bytes()[:rr.info.Length], c: c, region: rr.region}
+			c.inbox <- arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region}
 			c.mu.Lock()
 			c.stats.RendezvousReceived++
 			c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
@@ -68,7 +72,7 @@ func (c *Conn) run() {
 			c.signal()
 			c.mu.Unlock()
 			if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
-				c.inbox <- c.heldEOF // after every message announced before it
+				c.inbox <- *c.heldEOF // after every message announced before it
 				c.heldEOF = nil
 			}
 		}
@@ -128,11 +132,11 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	case TypeCloseWrite:
 		// The reader's io.EOF, once the messages before it are read. Its
 		// buffer (a credit) goes back when RecvMessage takes it.
-		m := &Message{Type: h.Type, c: c, buf: b}
+		r := arrival{typ: h.Type, buf: b}
 		if c.rvReads > 0 {
-			c.heldEOF = m
+			c.heldEOF = &r
 		} else {
-			c.inbox <- m
+			c.inbox <- r
 		}
 	case TypeRendezvousDone:
 		c.mu.Lock()
@@ -171,7 +175,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		}
 		c.rvReads++
 	default:
-		c.inbox <- &Message{Type: h.Type, ID: h.ID, Payload: b.Bytes()[HeaderSize:n], c: c, buf: b}
+		c.inbox <- arrival{typ: h.Type, id: h.ID, payload: b.Bytes()[HeaderSize:n], buf: b}
 	}
 	return nil
 }
@@ -219,14 +223,14 @@ func (c *Conn) controlLoop() {
 			return
 		}
 		eofDue := c.eofOwed && c.posting.Load() == 0
-		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 ||
-			c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive)
+		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
+		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 || keepaliveDue)
 		var b *bufpool.Buffer
 		if owed && c.credits >= 1 {
 			b, _ = c.sendPool.TryGet()
 		}
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
-			ch := c.changed
+			ch := c.changes()
 			c.mu.Unlock()
 			select {
 			case <-ch:
@@ -247,7 +251,7 @@ func (c *Conn) controlLoop() {
 		c.takeCreditLocked(&h)
 		c.mu.Unlock()
 		h.Encode(b.Bytes())
-		_ = c.post(b, &h) // a refusal is post's to handle
+		_ = c.post(outgoing{b: b, h: h, probe: keepaliveDue}) // a refusal is post's to handle
 	}
 }
 

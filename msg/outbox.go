@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -32,21 +33,23 @@ type outbox struct {
 }
 
 // outgoing is a message to post: its send buffer, whose first
-// HeaderSize bytes hold h encoded.
+// HeaderSize bytes hold h encoded, then h.Length bytes of payload. A
+// probe (a keepalive) is posted signaled, and its completion times the
+// keepalive's round trip.
 type outgoing struct {
-	b *bufpool.Buffer
-	h Header
+	b     *bufpool.Buffer
+	h     Header
+	probe bool
 }
 
-// post queues b, holding the encoded h and h.Length bytes of payload, and
-// posts the queue if no other goroutine is posting it. The error is the
+// post queues m and posts the queue if no other goroutine is posting it. The error is the
 // device's refusal of this very message, when this goroutine posted it;
 // the credit and grants it carried are then given back, as for every
 // refused message.
-func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
+func (c *Conn) post(m outgoing) error {
 	q := &c.out
 	q.mu.Lock()
-	q.queued = append(q.queued, outgoing{b: b, h: *h})
+	q.queued = append(q.queued, m)
 	if q.posting {
 		q.mu.Unlock()
 		return nil
@@ -84,11 +87,15 @@ func (c *Conn) post(b *bufpool.Buffer, h *Header) error {
 func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	reqs := c.out.reqs[:0]
 	for _, m := range batch {
-		// Only the last is signaled: its completion brings back the
-		// buffers of those before it (the endpoint signals more often
-		// where its queue needs it).
-		reqs = append(reqs, endpoint.Request{Op: endpoint.OpSend, Context: sendToken{}, Buffer: m.b,
-			Length: HeaderSize + int(m.h.Length), Flags: endpoint.Unsignaled})
+		// Only the last and the probes are signaled: the last's
+		// completion brings back the buffers of those before it (the
+		// endpoint signals more often where its queue needs it).
+		r := endpoint.Request{Op: endpoint.OpSend, Context: sendToken{}, Buffer: m.b,
+			Length: HeaderSize + int(m.h.Length), Flags: endpoint.Unsignaled}
+		if m.probe {
+			r.Context, r.Flags = probeToken{posted: time.Now()}, 0
+		}
+		reqs = append(reqs, r)
 	}
 	reqs[len(reqs)-1].Flags = 0
 	err := c.ep.PostBatch(reqs)

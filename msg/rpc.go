@@ -24,14 +24,13 @@ type Handler func(ctx context.Context, method string, req []byte) ([]byte, error
 var ErrShutdown = errors.New("msg: server shut down")
 
 // A request's payload: method length u8, method, then the caller's bytes.
-func encodeRequest(method string, req []byte) ([]byte, error) {
+// requestHead writes the part before the caller's bytes into buf.
+func requestHead(buf *[256]byte, method string) ([]byte, error) {
 	if len(method) == 0 || len(method) > 255 {
 		return nil, errorf("method name of %d bytes: 1 to 255", len(method))
 	}
-	b := make([]byte, 0, 1+len(method)+len(req))
-	b = append(b, byte(len(method)))
-	b = append(b, method...)
-	return append(b, req...), nil
+	buf[0] = byte(len(method))
+	return buf[:1+copy(buf[1:], method)], nil
 }
 
 func decodeRequest(p []byte) (string, []byte, error) {
@@ -47,13 +46,13 @@ type Client struct {
 	c        *Conn
 	mu       sync.Mutex
 	nextID   uint64
-	pending  map[uint64]chan *Message
+	pending  map[uint64]chan arrival
 	loopDone chan struct{}
 }
 
 // NewClient makes a Client that owns c.
 func NewClient(c *Conn) *Client {
-	cl := &Client{c: c, pending: map[uint64]chan *Message{}, loopDone: make(chan struct{})}
+	cl := &Client{c: c, pending: map[uint64]chan arrival{}, loopDone: make(chan struct{})}
 	go cl.run()
 	return cl
 }
@@ -71,27 +70,32 @@ func (cl *Client) run() {
 	defer close(cl.loopDone)
 	ctx := contextUntil(cl.c.Done())
 	for {
-		m, err := cl.c.RecvMessage(ctx)
+		m, err := cl.c.recv(ctx)
 		if err != nil {
 			if err == io.EOF { // the server half-closed: no response will come
 				cl.c.fail(fmt.Errorf("msg: the server sends no more responses: %w", ErrPeerClosed))
 			}
 			return
 		}
-		if m.Type != TypeResponse && m.Type != TypeError {
-			cl.c.fail(fmt.Errorf("%w: a client received a %v message", ErrMalformed, m.Type))
-			m.Release()
+		if m.typ != TypeResponse && m.typ != TypeError {
+			cl.c.fail(fmt.Errorf("%w: a client received a %v message", ErrMalformed, m.typ))
+			cl.c.release(m)
 			return
 		}
 		cl.mu.Lock()
-		ch, ok := cl.pending[m.ID]
-		delete(cl.pending, m.ID)
+		ch, ok := cl.pending[m.id]
+		delete(cl.pending, m.id)
+		if ok {
+			// Under mu, so that a caller that gives up (and forgets its
+			// id under mu) either finds the response in ch or is never
+			// sent it. ch has room for its one response: this never
+			// blocks.
+			ch <- m
+		}
 		cl.mu.Unlock()
 		if !ok { // the caller gave up
-			m.Release()
-			continue
+			cl.c.release(m)
 		}
-		ch <- m
 	}
 }
 
@@ -99,11 +103,12 @@ func (cl *Client) run() {
 // late response is then dropped). A handler's error is a *RemoteError,
 // which errors.Is matches to its Code.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
-	payload, err := encodeRequest(method, req)
+	var buf [256]byte
+	head, err := requestHead(&buf, method)
 	if err != nil {
 		return nil, err
 	}
-	ch := make(chan *Message, 1)
+	ch := replyChans.Get().(chan arrival)
 	cl.mu.Lock()
 	cl.nextID++
 	id := cl.nextID
@@ -114,18 +119,19 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		delete(cl.pending, id)
 		cl.mu.Unlock()
 	}
-	if err := cl.c.send(ctx, TypeRequest, id, payload); err != nil {
+	if err := cl.c.send(ctx, TypeRequest, id, head, req); err != nil {
 		forget()
 		return nil, err
 	}
 	select {
 	case m := <-ch:
-		return response(method, m)
+		replyChans.Put(ch) // run sent its one response: it is empty and nobody else's
+		return cl.response(method, m)
 	case <-ctx.Done():
 		forget()
 		select { // it came as ctx ended: its receive goes back
 		case m := <-ch:
-			m.Release()
+			cl.c.release(m)
 		default:
 		}
 		return nil, ctx.Err()
@@ -134,20 +140,26 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		forget()
 		select { // it may have arrived just before the end
 		case m := <-ch:
-			return response(method, m)
+			return cl.response(method, m)
 		default:
 		}
 		return nil, cl.c.Err()
 	}
 }
 
+// replyChans are the channels on which run hands each caller its
+// response, reused so that a call allocates none. Only a channel that
+// delivered its response goes back: one whose call gave up may still get
+// a late send from run.
+var replyChans = sync.Pool{New: func() any { return make(chan arrival, 1) }}
+
 // response turns a reply into Call's result (a copy) and releases it.
-func response(method string, m *Message) ([]byte, error) {
-	defer m.Release()
-	if m.Type == TypeError {
-		return nil, decodeError(method, m.Payload)
+func (cl *Client) response(method string, m arrival) ([]byte, error) {
+	defer cl.c.release(m)
+	if m.typ == TypeError {
+		return nil, decodeError(method, m.payload)
 	}
-	return append([]byte(nil), m.Payload...), nil
+	return append([]byte(nil), m.payload...), nil
 }
 
 // LocalAddr is this side's address of the client's connection.
@@ -222,24 +234,24 @@ func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()
 	ctx := context.WithValue(contextUntil(c.Done()), peerKey{}, c.RemoteAddr())
 	for {
-		m, err := c.RecvMessage(ctx)
+		m, err := c.recv(ctx)
 		if err != nil {
 			break
 		}
-		if m.Type != TypeRequest {
-			m.Release()
-			c.fail(fmt.Errorf("%w: a server received a %v message", ErrMalformed, m.Type))
+		if m.typ != TypeRequest {
+			c.release(m)
+			c.fail(fmt.Errorf("%w: a server received a %v message", ErrMalformed, m.typ))
 			break
 		}
-		method, req, err := decodeRequest(m.Payload)
+		method, req, err := decodeRequest(m.payload)
 		if err != nil {
-			m.Release()
+			c.release(m)
 			c.fail(err)
 			break
 		}
 		req = append([]byte(nil), req...)
-		id := m.ID
-		m.Release() // the request is copied: the credit goes back now
+		id := m.id
+		c.release(m) // the request is copied: the credit goes back now
 		s.callStarts()
 		go func() {
 			failed := false
@@ -249,7 +261,7 @@ func (s *Server) serveConn(c *Conn) {
 			if herr != nil {
 				typ, resp, failed = TypeError, encodeError(herr), true
 			}
-			c.send(ctx, typ, id, resp) // fails only when the connection has ended
+			c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
 		}()
 	}
 	s.mu.Lock()

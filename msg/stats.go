@@ -1,6 +1,10 @@
 package msg
 
-import "github.com/go-rdma/rdmacm/endpoint"
+import (
+	"time"
+
+	"github.com/go-rdma/rdmacm/endpoint"
+)
 
 // Stats counts what a connection did since it was made. The counts only
 // grow; a rate is the difference of two snapshots over their interval.
@@ -23,6 +27,13 @@ type Stats struct {
 	// mapped and registered anew (misses), both directions
 	// (WithRendezvousCache).
 	RegionCacheHits, RegionCacheMisses uint64
+	// KeepaliveRTT is the last keepalive's round trip (WithKeepalive):
+	// from its post until the device completed it. On RC over InfiniBand
+	// or RoCE a send completes when the peer's device acknowledges it, so
+	// this is the link's round trip plus this side's completion path; on
+	// iWARP a send completes once TCP has taken it, so it is the local
+	// part only. 0 until a keepalive has completed.
+	KeepaliveRTT time.Duration
 }
 
 // Stats is a snapshot of the connection's counters; safe to call at any

@@ -28,6 +28,7 @@ var (
 	errorsDesc   = desc("call_errors_total", "Calls answered with an error.")
 	inFlightDesc = desc("calls_in_flight", "Handlers running now.")
 	connsDesc    = desc("connections", "Connections open now.")
+	rttDesc      = desc("conn_keepalive_rtt_max_seconds", "The longest of the open connections' last keepalive round trips.")
 	connDescs    = []*prometheus.Desc{
 		desc("conn_messages_sent", "Messages sent, summed over the open connections."),
 		desc("conn_messages_received", "Messages received, summed over the open connections."),
@@ -41,7 +42,7 @@ var (
 )
 
 func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range append([]*prometheus.Desc{callsDesc, errorsDesc, inFlightDesc, connsDesc}, connDescs...) {
+	for _, d := range append([]*prometheus.Desc{callsDesc, errorsDesc, inFlightDesc, connsDesc, rttDesc}, connDescs...) {
 		ch <- d
 	}
 }
@@ -54,7 +55,9 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(len(st.Conns)))
 	// Sums over the connections open now fall when one closes: gauges.
 	var sums [8]uint64
+	var rtt time.Duration
 	for _, s := range st.Conns {
+		rtt = max(rtt, s.KeepaliveRTT)
 		for i, v := range [8]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.RendezvousBytesReceived,
 			s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed} {
 			sums[i] += v
@@ -63,6 +66,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	for i, d := range connDescs {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(sums[i]))
 	}
+	ch <- prometheus.MustNewConstMetric(rttDesc, prometheus.GaugeValue, rtt.Seconds())
 }
 
 // serveMetrics serves srv's counters at http://addr/metrics in the
