@@ -14,14 +14,12 @@ import (
 	"golang.org/x/image/math/fixed"
 )
 
-// writeChart draws each row's speed relative to its anchor (perftest, or
-// rstream for the stream tests) as a horizontal bar on a log scale around
-// the 1.0 line: bandwidth ours/anchor, latency anchor/ours, so that right
-// of the line is faster than the C tool and left slower.
-func writeChart(path string, rows []row) error {
-	rows = chartRows(rows)
+// writeChart draws each bar's speed relative to its anchor as a
+// horizontal bar on a log scale around the 1.0 line, so that right of the
+// line is faster than the C tool and left slower.
+func writeChart(path string, bars []bar) error {
 	const rowH, w, labelW, right, top, bottom = 14, 900, 210, 30, 50, 40
-	h := top + bottom + rowH*max(len(rows), 1)
+	h := top + bottom + rowH*max(len(bars), 1)
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 	black := color.RGBA{0, 0, 0, 255}
@@ -49,12 +47,12 @@ func writeChart(path string, rows []row) error {
 		text(px(v)-12, h-bottom+16, label, black)
 	}
 	text(8, 20, "Speed relative to the C tool in the same boot, rxe0 under TCG (bandwidth ours/theirs, latency theirs/ours):", black)
-	text(8, 36, "right of the 1x line is faster than perftest or rstream, left is slower; log scale.", black)
+	text(8, 36, "right of 1x is faster than perftest, rstream or cmtime, left slower (rpc: calls/s against ib_send_bw msg/s); log scale.", black)
 	slower, faster := color.RGBA{214, 39, 40, 255}, color.RGBA{44, 160, 44, 255}
-	for i, r := range rows {
+	for i, b := range bars {
 		y := top + i*rowH + rowH/2
-		text(8, y+4, fmt.Sprintf("%s %s %s", r.Test, sizeLabel(r.Size), r.Poll), black)
-		v := speed(r)
+		text(8, y+4, b.label, black)
+		v := b.speed
 		c := faster
 		if v < 1 {
 			c = slower
@@ -62,6 +60,14 @@ func writeChart(path string, rows []row) error {
 		x0, x1 := px(1), px(v)
 		for x := min(x0, x1); x <= max(x0, x1); x++ {
 			line(img, x, y-4, x, y+4, c, 1)
+		}
+		// A bar cut off at the scale's end says its value beside the
+		// 1x line, on the side it does not cover.
+		switch l := math.Log2(v); {
+		case l < lo:
+			text(x0+4, y+4, fmt.Sprintf("%.3gx, off the scale", v), black)
+		case l > hi:
+			text(x0-150, y+4, fmt.Sprintf("%.3gx, off the scale", v), black)
 		}
 	}
 	f, err := os.Create(path)
@@ -72,13 +78,35 @@ func writeChart(path string, rows []row) error {
 	return png.Encode(f, img)
 }
 
-// chartRows are the rows that have both figures, in the table's order.
-func chartRows(rows []row) []row {
-	var out []row
+// bar is one line of the chart: what was measured, and how many times
+// faster than its anchor it ran.
+type bar struct {
+	label string
+	speed float64
+}
+
+// chartBars are a bar for each row of the table that has both figures, in
+// the table's order (bandwidth ours/anchor, latency anchor/ours), then one
+// for each RPC row (calls/s against the device's message rate, the
+// table's ratio) and the connection set-up rate and teardown time against
+// cmtime's.
+func chartBars(rows []row, rpc []rpcRow, conn connectRow) []bar {
+	var out []bar
 	for _, r := range rows {
 		if r.Perftest > 0 && r.Ours > 0 {
-			out = append(out, r)
+			out = append(out, bar{fmt.Sprintf("%s %s %s", r.Test, sizeLabel(r.Size), r.Poll), speed(r)})
 		}
+	}
+	for _, r := range rpc {
+		if r.Rate > 0 && r.Calls > 0 {
+			out = append(out, bar{fmt.Sprintf("rpc 64 x%d callers event", r.Callers), r.ratio()})
+		}
+	}
+	if conn.Conns > 0 && conn.CmtimeConns > 0 {
+		out = append(out, bar{fmt.Sprintf("connect set-up %d", connectIters), conn.Conns / conn.CmtimeConns})
+	}
+	if conn.TeardownMs > 0 && conn.CmtimeTeardownMs > 0 {
+		out = append(out, bar{fmt.Sprintf("connect teardown %d", connectIters), conn.CmtimeTeardownMs / conn.TeardownMs})
 	}
 	return out
 }

@@ -264,7 +264,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
 		return err
 	}
-	return writeChart(filepath.Join(out, "bench.png"), rows)
+	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn))
 }
 
 // runPerftest runs a perftest server in the background and its client, over

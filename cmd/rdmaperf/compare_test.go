@@ -110,19 +110,24 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 		{Test: "send_lat", Size: 64, Poll: "event", Perftest: 120, Ours: 240, Lat: true},
 		{Test: "write_imm_bw", Size: 64, Poll: "busy", Ours: 1.2}, // no anchor: not charted
 	}
-	got := chartRows(rows)
-	require.Len(t, got, 2)
-	assert.Equal(t, 0.5, speed(got[0]), "bandwidth: ours / perftest")
-	assert.Equal(t, 0.5, speed(got[1]), "latency: perftest / ours, so that higher is faster")
+	rpc := []rpcRow{{Callers: 64, Calls: 4000, Rate: 40000}, {Callers: 1, Calls: 700}} // no rate: not charted
+	conn := connectRow{Conns: 150, CmtimeConns: 600, TeardownMs: 900, CmtimeTeardownMs: 360}
+	got := chartBars(rows, rpc, conn)
+	require.Len(t, got, 5)
+	assert.Equal(t, bar{"send_bw 64K busy", 0.5}, got[0], "bandwidth: ours / perftest")
+	assert.Equal(t, bar{"send_lat 64 event", 0.5}, got[1], "latency: perftest / ours, so that higher is faster")
+	assert.Equal(t, bar{"rpc 64 x64 callers event", 0.1}, got[2], "rpc: calls/s against messages/s, as in its table")
+	assert.Equal(t, bar{"connect set-up 500", 0.25}, got[3], "set-up: our rate / cmtime's")
+	assert.Equal(t, bar{"connect teardown 500", 0.4}, got[4], "teardown: cmtime's time / ours")
 	assert.Equal(t, "64K", sizeLabel(65536))
 	path := filepath.Join(t.TempDir(), "bench.png")
-	require.NoError(t, writeChart(path, rows))
+	require.NoError(t, writeChart(path, got))
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	img, err := png.Decode(f)
 	require.NoError(t, err)
-	assert.Greater(t, img.Bounds().Dy(), 2*14, "a bar per charted row")
+	assert.Greater(t, img.Bounds().Dy(), 5*14, "a bar per charted row")
 }
 
 // make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
