@@ -139,15 +139,25 @@ type Conn struct {
 	// rendezvous reads announced before it are in flight (rvReads), then
 	// puts it in the inbox after their messages; the first RecvMessage to
 	// take it closes eof, and every RecvMessage after returns io.EOF.
-	rvReads   int      // run's own
-	heldEOF   *arrival // run's own
-	eof       chan struct{}
-	eofOnce   sync.Once
-	done      chan struct{}
-	loopDone  chan struct{}
-	ctrlDone  chan struct{}
-	closeOnce sync.Once
-	closeErr  error
+	rvReads  int      // run's own
+	heldEOF  *arrival // run's own
+	eof      chan struct{}
+	eofOnce  sync.Once
+	done     chan struct{}
+	loopDone chan struct{}
+	// recvEnded is closed once every message that arrived is in the inbox:
+	// a receive came back failed (the receive queue completes in order,
+	// so none after it arrived) and no rendezvous read is in flight, or
+	// run has ended. A reader of an ended connection waits for this, not
+	// for run's end, which waits out the endpoint's close timeout if the
+	// device never flushes some work request.
+	recvEnded   chan struct{}
+	recvEndOnce sync.Once
+	recvFlushed bool // run's own
+	ctrlDone    chan struct{}
+	closeOnce   sync.Once
+	closeErr    error
+	epClosing   sync.WaitGroup // the endpoint's Close, started by fail
 }
 
 type pendingRendezvous struct {
@@ -181,7 +191,7 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
-		loopDone: make(chan struct{}), ctrlDone: make(chan struct{})}
+		loopDone: make(chan struct{}), recvEnded: make(chan struct{}), ctrlDone: make(chan struct{})}
 	go c.run()
 	go c.controlLoop()
 	return c, nil
@@ -462,13 +472,18 @@ func (c *Conn) fail(err error) {
 		c.err = err
 		close(c.done)
 		c.signal()
+		// Posted work flushes back to run. The endpoint's Close is
+		// started here, not waited for: it waits, up to its close
+		// timeout, for the device to flush every work request, and
+		// fail runs on callers' goroutines (a sender whose post the
+		// device refused), which must learn of the end at once.
+		// Conn.Close waits for it; started under mu, so that the
+		// fail Close makes comes after it.
+		c.epClosing.Go(func() { c.ep.Close() })
 	}
 	c.mu.Unlock()
 	if first {
 		c.o.logger.Debug().Err(err).Msg("msg: connection ends")
-		// Posted work flushes back to run. (Close does not wait for
-		// Completions to be read, so run itself may call it.)
-		c.ep.Close()
 	}
 }
 
@@ -484,6 +499,7 @@ func (c *Conn) Close() error {
 		c.sayGoodbye()
 		c.fail(ErrClosed)
 		errs := []error{c.ep.Close()}
+		c.epClosing.Wait()
 		<-c.loopDone
 		<-c.ctrlDone
 		// Messages nobody took: give their memory back.
@@ -607,7 +623,7 @@ func (c *Conn) recv(ctx context.Context) (arrival, error) {
 	case <-ctx.Done():
 		return arrival{}, ctx.Err()
 	case <-c.done:
-		<-c.loopDone // messages that arrived before the end are all in the inbox now
+		<-c.recvEnded // messages that arrived before the end are all in the inbox now
 		select {
 		case r := <-c.inbox:
 			return c.taken(r)

@@ -15,6 +15,7 @@ import (
 // application: the inbox holds as many messages as there are receives.
 func (c *Conn) run() {
 	defer close(c.loopDone)
+	defer c.endReceives()
 	for comp := range c.ep.Completions() {
 		switch comp.Op {
 		case endpoint.OpSend:
@@ -43,6 +44,10 @@ func (c *Conn) run() {
 			if comp.Err != nil {
 				c.recvPool.Put(comp.Buffer)
 				c.fail(c.endError(comp.Err))
+				c.recvFlushed = true
+				if c.rvReads == 0 {
+					c.endReceives()
+				}
 				continue
 			}
 			if err := c.received(comp.Buffer, comp.Len); err != nil {
@@ -62,6 +67,9 @@ func (c *Conn) run() {
 			if comp.Err != nil {
 				rr.region.Close()
 				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
+				if c.rvReads--; c.rvReads == 0 && c.recvFlushed {
+					c.endReceives()
+				}
 				continue
 			}
 			c.inbox <- arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region}
@@ -75,6 +83,9 @@ func (c *Conn) run() {
 				c.inbox <- *c.heldEOF // after every message announced before it
 				c.heldEOF = nil
 			}
+			if c.rvReads == 0 && c.recvFlushed {
+				c.endReceives()
+			}
 		}
 	}
 	if c.heldEOF != nil { // a rendezvous read before it failed
@@ -83,6 +94,10 @@ func (c *Conn) run() {
 	}
 	c.fail(c.endError(ErrClosed)) // the endpoint is gone (closed here, or the peer left)
 }
+
+// endReceives says every message that arrived is in the inbox
+// (recvEnded). Idempotent.
+func (c *Conn) endReceives() { c.recvEndOnce.Do(func() { close(c.recvEnded) }) }
 
 // endError is why the connection ended when work was flushed: the
 // endpoint's reason (the peer disconnected, ...) if it has one.
