@@ -45,9 +45,7 @@ func (c *Conn) run() {
 				c.recvPool.Put(comp.Buffer)
 				c.fail(c.endError(comp.Err))
 				c.recvFlushed = true
-				if c.rvReads == 0 {
-					c.endReceives()
-				}
+				c.endReceivesIfAllIn()
 				continue
 			}
 			if err := c.received(comp.Buffer, comp.Len); err != nil {
@@ -67,9 +65,8 @@ func (c *Conn) run() {
 			if comp.Err != nil {
 				rr.region.Close()
 				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
-				if c.rvReads--; c.rvReads == 0 && c.recvFlushed {
-					c.endReceives()
-				}
+				c.rvReads--
+				c.endReceivesIfAllIn()
 				continue
 			}
 			c.inbox <- arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region}
@@ -83,9 +80,7 @@ func (c *Conn) run() {
 				c.inbox <- *c.heldEOF // after every message announced before it
 				c.heldEOF = nil
 			}
-			if c.rvReads == 0 && c.recvFlushed {
-				c.endReceives()
-			}
+			c.endReceivesIfAllIn()
 		}
 	}
 	if c.heldEOF != nil { // a rendezvous read before it failed
@@ -98,6 +93,14 @@ func (c *Conn) run() {
 // endReceives says every message that arrived is in the inbox
 // (recvEnded). Idempotent.
 func (c *Conn) endReceives() { c.recvEndOnce.Do(func() { close(c.recvEnded) }) }
+
+// endReceivesIfAllIn calls endReceives once a receive has come back failed
+// (none after it arrived) and no rendezvous read is in flight; run's own.
+func (c *Conn) endReceivesIfAllIn() {
+	if c.recvFlushed && c.rvReads == 0 {
+		c.endReceives()
+	}
+}
 
 // endError is why the connection ended when work was flushed: the
 // endpoint's reason (the peer disconnected, ...) if it has one.

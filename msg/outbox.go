@@ -42,10 +42,10 @@ type outgoing struct {
 	probe bool
 }
 
-// post queues m and posts the queue if no other goroutine is posting it. The error is the
-// device's refusal of this very message, when this goroutine posted it;
-// the credit and grants it carried are then given back, as for every
-// refused message.
+// post queues m and posts the queue if no other goroutine is posting it.
+// The error is the device's refusal of this very message, when this
+// goroutine posted it; the credit and grants it carried are then given
+// back, as for every refused message.
 func (c *Conn) post(m outgoing) error {
 	q := &c.out
 	q.mu.Lock()
