@@ -196,7 +196,7 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 	// Receives first: a send in the same batch may be answered at once.
 	err := verbs.Post(ep.id, nil, ep.recvBatch, ep.sendBatch)
 	if err == nil {
-		ep.countPosted(nsend, nrecv)
+		ep.countPosted(sendIdx, nrecv)
 		return nil
 	}
 	var pe *verbs.PostError
@@ -206,12 +206,12 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 	kind := OpSend
 	if pe.Recv {
 		kind = OpRecv
+		ep.countPosted(nil, pe.Index)
 		ep.unpost(recvIdx, pe.Index, true)
 		ep.unpost(sendIdx, 0, false)
-		ep.countPosted(0, pe.Index)
 	} else {
+		ep.countPosted(sendIdx[:pe.Index], nrecv)
 		ep.unpost(sendIdx, pe.Index, false)
-		ep.countPosted(pe.Index, nrecv)
 	}
 	return &PostError{Index: nthOfKind(reqs, kind, pe.Index), Err: pe.Err}
 }

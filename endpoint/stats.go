@@ -6,6 +6,10 @@ type Stats struct {
 	SendRequests  uint64 // work requests posted to the send queue: sends, writes, reads, atomics
 	RecvRequests  uint64 // receives posted (not those of a shared receive queue)
 	SendDoorbells uint64 // calls that posted send-queue work: one ibv_post_send each
+	// SignaledSends counts the send-queue work requests posted signaled:
+	// each comes back as a CQ entry of its own, and in event mode as a
+	// wake-up; an unsignaled one comes back with the next signaled one.
+	SignaledSends uint64
 	RecvDoorbells uint64 // calls that posted receives: one ibv_post_recv each
 	// Completions counts the work requests the device handed back, each
 	// once: signaled or not (an unsignaled send comes back with the
@@ -37,12 +41,17 @@ func (ep *Endpoint) Stats() Stats {
 	return ep.stats
 }
 
-// countPosted adds a post call's work requests to the counters; ep.mu is
-// held.
-func (ep *Endpoint) countPosted(sends, recvs int) {
-	if sends > 0 {
-		ep.stats.SendRequests += uint64(sends)
+// countPosted adds a post call's work requests to the counters: the send
+// slots it posted and how many receives; ep.mu is held.
+func (ep *Endpoint) countPosted(sends []uint32, recvs int) {
+	if len(sends) > 0 {
+		ep.stats.SendRequests += uint64(len(sends))
 		ep.stats.SendDoorbells++
+	}
+	for _, idx := range sends {
+		if ep.sends.slots[idx].signaled {
+			ep.stats.SignaledSends++
+		}
 	}
 	if recvs > 0 {
 		ep.stats.RecvRequests += uint64(recvs)

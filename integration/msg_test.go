@@ -181,6 +181,45 @@ func TestMsgBothWaysManySenders(t *testing.T) {
 	t.Logf("%d messages each way through 4 credits, %v", senders*each, client.Stats().Endpoint)
 }
 
+// TestMsgSendsAreMostlyUnsignaled: a ping-pong of many more messages than
+// there are send buffers (32) posts most sends unsignaled: one in 8 (a
+// quarter of the buffers) is signaled and brings back the buffers of those
+// before it, so the ping-pong never runs out of them; the goodbye is
+// signaled, and the peer reads every message before io.EOF. Before, every
+// message was signaled: a CQ entry, and in event mode a wake-up, each.
+func TestMsgSendsAreMostlyUnsignaled(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
+	const rounds = 200
+	for i := range rounds {
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+		got, err := server.Recv(ctx)
+		require.NoError(t, err, "round %d", i)
+		require.NoError(t, server.Send(ctx, got))
+		_, err = client.Recv(ctx)
+		require.NoError(t, err, "round %d", i)
+	}
+	for _, c := range []*msg.Conn{client, server} {
+		st := c.Stats()
+		require.GreaterOrEqual(t, st.MessagesSent, uint64(rounds))
+		require.Equal(t, st.MessagesSent, st.Endpoint.SendRequests, "one work request a message")
+		require.Positive(t, st.Endpoint.SignaledSends, "buffers come back")
+		require.LessOrEqual(t, st.Endpoint.SignaledSends, st.MessagesSent/8+1, "%+v", st)
+	}
+	for i := range 5 {
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, client.Close())
+	for i := range 5 {
+		got, err := server.Recv(ctx)
+		require.NoError(t, err, "message %d, sent unsignaled before Close", i)
+		require.Equal(t, []byte{byte(i)}, got)
+	}
+	_, err := server.Recv(ctx)
+	require.Equal(t, io.EOF, err)
+}
+
 // TestCallsGivenUpKeepTheirCredits: calls whose ctx ends around the time
 // their response arrives must not keep that response's receive: each one
 // kept would be a credit the server never gets back, and with 4 receives

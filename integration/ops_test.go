@@ -294,6 +294,12 @@ func TestBatchUnsignaledInline(t *testing.T) {
 	}
 	require.NoError(t, p.server.PostBatch(recvs))
 	require.NoError(t, p.client.PostBatch(sends))
+	st := p.client.Stats()
+	require.Equal(t, uint64(n), st.SendRequests)
+	require.Equal(t, uint64(1), st.SendDoorbells, "one batch, one doorbell")
+	// The endpoint signals one in SignalEvery, so that they come back.
+	require.Positive(t, st.SignaledSends)
+	require.Less(t, st.SignaledSends, uint64(n/2), "most were posted unsignaled")
 	seen := map[any]int{}
 	for range n {
 		c := next(t, p.client)

@@ -547,7 +547,7 @@ func (c *Conn) sayGoodbye() {
 	c.takeCreditLocked(&h)
 	c.mu.Unlock()
 	h.Encode(b.Bytes())
-	if c.post(outgoing{b: b, h: h}) != nil {
+	if c.post(outgoing{b: b, h: h, last: true}) != nil {
 		return
 	}
 	c.flush(ctx)
@@ -819,7 +819,8 @@ func (c *Conn) sendMessage(ctx context.Context, typ Type, id uint64, head, paylo
 }
 
 // flush waits until every message posted so far has left this side (its
-// send completed), or ctx ends.
+// send completed), or ctx ends. The last message posted must be signaled
+// (outgoing.last): unsignaled sends after it would never come back.
 func (c *Conn) flush(ctx context.Context) error {
 	err := c.waitFor(ctx, func() bool { return c.sendPool.Stats().Out == 0 })
 	if err == nil {

@@ -30,16 +30,21 @@ type outbox struct {
 	spare   []outgoing // the poster's last batch, kept for its capacity
 	posting bool       // a goroutine is posting; it empties queued before it stops
 	reqs    []endpoint.Request
+	// unsignaled counts the messages posted unsignaled since the last
+	// signaled one; the poster's.
+	unsignaled int
 }
 
 // outgoing is a message to post: its send buffer, whose first
 // HeaderSize bytes hold h encoded, then h.Length bytes of payload. A
 // probe (a keepalive) is posted signaled, and its completion times the
-// keepalive's round trip.
+// keepalive's round trip. A last message (the goodbye) is posted
+// signaled too, so that every message before it comes back.
 type outgoing struct {
 	b     *bufpool.Buffer
 	h     Header
 	probe bool
+	last  bool
 }
 
 // post queues m and posts the queue if no other goroutine is posting it.
@@ -80,28 +85,45 @@ func (c *Conn) post(m outgoing) error {
 	return own
 }
 
+// signalEvery is how many messages may be posted in a row unsignaled: a
+// quarter of the send buffers, so that a sender waiting for one always
+// has a signaled completion coming that brings buffers back.
+func (c *Conn) signalEvery() int { return max(1, c.o.recvDepth/4) }
+
 // postBatch posts batch with one PostBatch. It returns the index of the
 // first message the endpoint refused (len(batch) if none) and why; every
 // refused message is undone. A refusal other than the endpoint's end ends
 // the connection: senders were told those messages were sent.
 func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	reqs := c.out.reqs[:0]
+	unsignaled := c.out.unsignaled
 	for _, m := range batch {
-		// Only the last and the probes are signaled: the last's
-		// completion brings back the buffers of those before it (the
-		// endpoint signals more often where its queue needs it).
 		r := endpoint.Request{Op: endpoint.OpSend, Context: sendToken{}, Buffer: m.b,
 			Length: HeaderSize + int(m.h.Length), Flags: endpoint.Unsignaled}
-		if m.probe {
-			r.Context, r.Flags = probeToken{posted: time.Now()}, 0
+		switch {
+		case m.probe:
+			r.Context, r.Flags, unsignaled = probeToken{posted: time.Now()}, 0, 0
+		case m.last:
+			r.Flags, unsignaled = 0, 0
+		default:
+			unsignaled++
 		}
 		reqs = append(reqs, r)
 	}
-	reqs[len(reqs)-1].Flags = 0
+	// Most sends are unsignaled: a signaled one wakes the completion path
+	// for nothing but its buffer (the peer's answer wakes it anyway). One
+	// in signalEvery is signaled, and its completion brings back the
+	// buffers of those before it, so that fewer than signalEvery buffers
+	// wait for a completion that is not coming; the pool holds four times
+	// as many (the endpoint signals more often where its queue needs it).
+	if unsignaled >= c.signalEvery() {
+		reqs[len(reqs)-1].Flags, unsignaled = 0, 0
+	}
 	err := c.ep.PostBatch(reqs)
 	clear(reqs)
 	c.out.reqs = reqs[:0]
 	if err == nil {
+		c.out.unsignaled = unsignaled
 		return len(batch), nil
 	}
 	refused := 0

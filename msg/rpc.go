@@ -347,15 +347,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	for _, c := range conns {
-		if err == nil {
-			// A finished handler has posted its response; let it leave
-			// before the connection closes under it. (A connection the
-			// peer already ended has nothing more to deliver.)
-			if c.flush(ctx) != nil && ctx.Err() != nil {
-				err = ctx.Err()
-			}
-		}
-		c.Close()
+		c.Close() // its goodbye lets the responses posted so far leave first
 	}
 	s.connWG.Wait()
 	s.waitIdle(context.Background()) // handlers see their ctx end with the connection
