@@ -257,6 +257,45 @@ func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
 
+// TestRPCRequestsBeforeServe: requests that arrive before the server
+// serves their connection wait in its inbox (the Server routes requests
+// from the completion loop only once it serves the connection), and are
+// answered, in order with the later ones, once it does. The listener sets
+// the connection up before any Accept, so the client can call at once.
+func TestRPCRequestsBeforeServe(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	cl, err := msg.DialClient(ctx, l.Addr().String())
+	require.NoError(t, err)
+	const early = 4
+	answers := make(chan error, early)
+	for i := range early {
+		go func() {
+			got, err := cl.Call(ctx, "echo", []byte{byte(i)})
+			if err == nil && !bytes.Equal(got, []byte{byte(i)}) {
+				err = fmt.Errorf("call %d: got %v", i, got)
+			}
+			answers <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return cl.Stats().CallsInFlight == early }, 5*time.Second, time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // for the requests to reach the server's inbox
+	s := msg.NewServer(rpcHandler)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, l) }()
+	for range early {
+		require.NoError(t, <-answers)
+	}
+	got, err := cl.Call(ctx, "echo", []byte("later"))
+	require.NoError(t, err)
+	require.Equal(t, []byte("later"), got)
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
 func rpcHandler(ctx context.Context, method string, req []byte) ([]byte, error) {
 	switch method {
 	case "echo":

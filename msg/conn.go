@@ -135,6 +135,8 @@ type Conn struct {
 	oneSidedSlots chan struct{} // one per one-sided operation in flight (maxOneSided)
 
 	inbox chan arrival
+	// router sees each arrival before the inbox (setRouter); nil: none.
+	router atomic.Pointer[func(arrival) bool]
 	// The peer's half-close: run holds its TypeCloseWrite (heldEOF) while
 	// rendezvous reads announced before it are in flight (rvReads), then
 	// puts it in the inbox after their messages; the first RecvMessage to

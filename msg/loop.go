@@ -69,7 +69,7 @@ func (c *Conn) run() {
 				c.endReceivesIfAllIn()
 				continue
 			}
-			c.inbox <- arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region}
+			c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region})
 			c.mu.Lock()
 			c.stats.RendezvousReceived++
 			c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
@@ -89,6 +89,23 @@ func (c *Conn) run() {
 	}
 	c.fail(c.endError(ErrClosed)) // the endpoint is gone (closed here, or the peer left)
 }
+
+// deliver hands an arrived message to the router (setRouter) when it takes
+// it, in this goroutine: an RPC response goes straight to its caller, a
+// request straight to its handler, with no goroutine hand-off in between.
+// Everything else goes to the inbox, in order.
+func (c *Conn) deliver(r arrival) {
+	if route := c.router.Load(); route != nil && (*route)(r) {
+		return
+	}
+	c.inbox <- r
+}
+
+// setRouter makes route the first to see every message that arrives from
+// now on; it takes (true) or leaves to the inbox (false). route runs in the
+// connection's completion loop: it must not block, and it owns what it
+// takes (it releases it).
+func (c *Conn) setRouter(route func(arrival) bool) { c.router.Store(&route) }
 
 // endReceives says every message that arrived is in the inbox
 // (recvEnded). Idempotent.
@@ -193,7 +210,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		}
 		c.rvReads++
 	default:
-		c.inbox <- arrival{typ: h.Type, id: h.ID, payload: b.Bytes()[HeaderSize:n], buf: b}
+		c.deliver(arrival{typ: h.Type, id: h.ID, payload: b.Bytes()[HeaderSize:n], buf: b})
 	}
 	return nil
 }

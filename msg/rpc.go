@@ -53,6 +53,7 @@ type Client struct {
 // NewClient makes a Client that owns c.
 func NewClient(c *Conn) *Client {
 	cl := &Client{c: c, pending: map[uint64]chan arrival{}, loopDone: make(chan struct{})}
+	c.setRouter(cl.route)
 	go cl.run()
 	return cl
 }
@@ -77,26 +78,35 @@ func (cl *Client) run() {
 			}
 			return
 		}
-		if m.typ != TypeResponse && m.typ != TypeError {
+		if !cl.route(m) {
 			cl.c.fail(fmt.Errorf("%w: a client received a %v message", ErrMalformed, m.typ))
 			cl.c.release(m)
 			return
 		}
-		cl.mu.Lock()
-		ch, ok := cl.pending[m.id]
-		delete(cl.pending, m.id)
-		if ok {
-			// Under mu, so that a caller that gives up (and forgets its
-			// id under mu) either finds the response in ch or is never
-			// sent it. ch has room for its one response: this never
-			// blocks.
-			ch <- m
-		}
-		cl.mu.Unlock()
-		if !ok { // the caller gave up
-			cl.c.release(m)
-		}
 	}
+}
+
+// route hands a response to its caller; false for any other message. The
+// connection's completion loop calls it for every arrival (setRouter), and
+// run for those that arrived before the Client was made. It never blocks.
+func (cl *Client) route(m arrival) bool {
+	if m.typ != TypeResponse && m.typ != TypeError {
+		return false
+	}
+	cl.mu.Lock()
+	ch, ok := cl.pending[m.id]
+	delete(cl.pending, m.id)
+	if ok {
+		// Under mu, so that a caller that gives up (and forgets its id
+		// under mu) either finds the response in ch or is never sent
+		// it. ch has room for its one response.
+		ch <- m
+	}
+	cl.mu.Unlock()
+	if !ok { // the caller gave up
+		cl.c.release(m)
+	}
+	return true
 }
 
 // Call sends a request and waits for its response, until ctx ends (the
@@ -230,44 +240,62 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 	}
 }
 
+// serveConn serves c's calls: each request starts its handler from c's
+// completion loop (setRouter); this loop takes what arrived before, and
+// ends the connection on anything but a request, or when it ends.
 func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()
 	ctx := context.WithValue(contextUntil(c.Done()), peerKey{}, c.RemoteAddr())
+	route := func(m arrival) bool {
+		if m.typ != TypeRequest {
+			return false
+		}
+		if err := s.start(ctx, c, m); err != nil {
+			c.fail(err)
+		}
+		return true
+	}
+	c.setRouter(route)
 	for {
 		m, err := c.recv(ctx)
 		if err != nil {
 			break
 		}
-		if m.typ != TypeRequest {
+		if !route(m) {
 			c.release(m)
 			c.fail(fmt.Errorf("%w: a server received a %v message", ErrMalformed, m.typ))
 			break
 		}
-		method, req, err := decodeRequest(m.payload)
-		if err != nil {
-			c.release(m)
-			c.fail(err)
-			break
-		}
-		req = append([]byte(nil), req...)
-		id := m.id
-		c.release(m) // the request is copied: the credit goes back now
-		s.callStarts()
-		go func() {
-			failed := false
-			defer func() { s.callEnds(failed) }()
-			resp, herr := s.call(ctx, c, method, req)
-			typ := TypeResponse
-			if herr != nil {
-				typ, resp, failed = TypeError, encodeError(herr), true
-			}
-			c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
-		}()
 	}
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
 	c.Close()
+}
+
+// start starts the handler of request m in a goroutine of its own, with a
+// copy of the request; m is released. It never blocks.
+func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
+	method, req, err := decodeRequest(m.payload)
+	if err != nil {
+		c.release(m)
+		return err
+	}
+	req = append([]byte(nil), req...)
+	id := m.id
+	c.release(m) // the request is copied: the credit goes back now
+	s.callStarts()
+	go func() {
+		failed := false
+		defer func() { s.callEnds(failed) }()
+		resp, herr := s.call(ctx, c, method, req)
+		typ := TypeResponse
+		if herr != nil {
+			typ, resp, failed = TypeError, encodeError(herr), true
+		}
+		c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
+	}()
+	return nil
 }
 
 // call runs the handler. A handler that panics fails its call (the caller
