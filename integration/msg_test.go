@@ -207,17 +207,24 @@ func TestMsgSendsAreMostlyUnsignaled(t *testing.T) {
 		require.Positive(t, st.Endpoint.SignaledSends, "buffers come back")
 		require.LessOrEqual(t, st.Endpoint.SignaledSends, st.MessagesSent/8+1, "%+v", st)
 	}
-	for i := range 5 {
-		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
-	}
-	require.NoError(t, client.Close())
-	for i := range 5 {
-		got, err := server.Recv(ctx)
-		require.NoError(t, err, "message %d, sent unsignaled before Close", i)
-		require.Equal(t, []byte{byte(i)}, got)
-	}
+	sendThenClose(t, ctx, client, server, 5) // the last 5 sends unsignaled
 	_, err := server.Recv(ctx)
 	require.Equal(t, io.EOF, err)
+}
+
+// sendThenClose sends n one-byte messages from one side, closes it, and
+// checks that the other side reads every one, in order.
+func sendThenClose(t *testing.T, ctx context.Context, from, to *msg.Conn, n int) {
+	t.Helper()
+	for i := range n {
+		require.NoError(t, from.Send(ctx, []byte{byte(i)}))
+	}
+	require.NoError(t, from.Close())
+	for i := range n {
+		got, err := to.Recv(ctx)
+		require.NoError(t, err, "message %d, sent before Close", i)
+		require.Equal(t, []byte{byte(i)}, got)
+	}
 }
 
 // TestCallsGivenUpKeepTheirCredits: calls whose ctx ends around the time
@@ -585,15 +592,7 @@ func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	client, server, _ := msgPair(t, ctx)
-	for i := range 3 {
-		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
-	}
-	require.NoError(t, client.Close())
-	for i := range 3 {
-		got, err := server.Recv(ctx)
-		require.NoError(t, err, "message %d, sent before Close", i)
-		require.Equal(t, []byte{byte(i)}, got)
-	}
+	sendThenClose(t, ctx, client, server, 3)
 	_, err := server.Recv(ctx)
 	require.Equal(t, io.EOF, err, "after the peer's Close: io.EOF itself, as from a net.Conn")
 	_, err = server.Recv(ctx)
