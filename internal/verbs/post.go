@@ -2,6 +2,7 @@ package verbs
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #include "shim.h"
 */
 import "C"
@@ -68,19 +69,25 @@ func (e *PostError) Error() string {
 func (e *PostError) Unwrap() error { return e.Err }
 
 // batch is the C memory of a batch of work requests (struct go_batch and
-// its arrays) and how full it is. It is not safe for concurrent use.
+// its arrays, in one block) and how full it is. The block is made at the
+// first request and grown as requests come, up to the batch's limits: it
+// holds as many as were ever posted at once, not the queue's depth, so an
+// endpoint that posts little costs little to set up. It is not safe for
+// concurrent use.
 type batch struct {
-	c             *C.struct_go_batch
-	maxWR, maxSGE int
-	n, nsge       int
+	c                  *C.struct_go_batch // nil until the first request
+	wrSize, linkedSize C.size_t
+	maxWR, maxSGE      int // the limits
+	capWR, capSGE      int // the room in c
+	n, nsge            int
 }
 
+// minBatchRoom is the room a batch starts with: a handful of requests
+// cost one small block, and growth doubles from there.
+const minBatchRoom = 8
+
 func newBatch(maxWR, maxSGE int, wrSize, linkedSize C.size_t) batch {
-	c := (*C.struct_go_batch)(C.calloc(1, C.sizeof_struct_go_batch))
-	c.wrs = C.calloc(C.size_t(maxWR), wrSize)
-	c.sge = (*C.struct_ibv_sge)(C.calloc(C.size_t(maxSGE), C.sizeof_struct_ibv_sge))
-	c.scratch = C.calloc(C.size_t(maxWR), linkedSize)
-	return batch{c: c, maxWR: maxWR, maxSGE: maxSGE}
+	return batch{wrSize: wrSize, linkedSize: linkedSize, maxWR: maxWR, maxSGE: maxSGE}
 }
 
 // add reserves room for one request with sges and copies them; it returns
@@ -89,7 +96,10 @@ func (b *batch) add(sges []SGE) (wr, first int, err error) {
 	if b.n == b.maxWR || b.nsge+len(sges) > b.maxSGE {
 		return 0, 0, ErrBatchFull
 	}
-	dst := unsafe.Slice(b.c.sge, b.maxSGE)
+	if b.n == b.capWR || b.nsge+len(sges) > b.capSGE {
+		b.grow(b.n+1, b.nsge+len(sges))
+	}
+	dst := unsafe.Slice(b.c.sge, b.capSGE)
 	for i, s := range sges {
 		dst[b.nsge+i] = C.struct_ibv_sge{addr: C.uint64_t(s.Addr), length: C.uint32_t(s.Len), lkey: C.uint32_t(s.LKey)}
 	}
@@ -99,18 +109,39 @@ func (b *batch) add(sges []SGE) (wr, first int, err error) {
 	return wr, first, nil
 }
 
+// grow moves the batch to a block with room for at least wrs requests and
+// sges entries (at most the limits), keeping the requests added so far.
+func (b *batch) grow(wrs, sges int) {
+	capWR := min(b.maxWR, max(wrs, 2*b.capWR, minBatchRoom))
+	capSGE := min(b.maxSGE, max(sges, 2*b.capSGE, capWR))
+	// Every part's size is a multiple of 8, so each array is aligned.
+	wrBytes, sgeBytes := C.size_t(capWR)*b.wrSize, C.size_t(capSGE)*C.sizeof_struct_ibv_sge
+	p := C.malloc(C.sizeof_struct_go_batch + wrBytes + sgeBytes + C.size_t(capWR)*b.linkedSize)
+	c := (*C.struct_go_batch)(p)
+	*c = C.struct_go_batch{}
+	c.wrs = unsafe.Add(p, C.sizeof_struct_go_batch)
+	c.sge = (*C.struct_ibv_sge)(unsafe.Add(c.wrs, wrBytes))
+	c.scratch = unsafe.Add(unsafe.Pointer(c.sge), sgeBytes)
+	if b.c != nil {
+		C.memcpy(c.wrs, b.c.wrs, C.size_t(b.n)*b.wrSize)
+		C.memcpy(unsafe.Pointer(c.sge), unsafe.Pointer(b.c.sge), C.size_t(b.nsge)*C.sizeof_struct_ibv_sge)
+		C.free(unsafe.Pointer(b.c))
+	}
+	b.c, b.capWR, b.capSGE = c, capWR, capSGE
+}
+
 // seal hands the count to C and empties the batch for the next one.
 func (b *batch) seal() {
-	b.c.n = C.int(b.n)
+	if b.c != nil {
+		b.c.n = C.int(b.n)
+	}
 	b.n, b.nsge = 0, 0
 }
 
 // Free releases the batch's C memory.
 func (b *batch) Free() {
-	C.free(b.c.wrs)
-	C.free(unsafe.Pointer(b.c.sge))
-	C.free(b.c.scratch)
 	C.free(unsafe.Pointer(b.c))
+	b.c, b.capWR, b.capSGE = nil, 0, 0
 }
 
 // SendBatch is a reusable C-memory array of send work requests.
@@ -127,7 +158,7 @@ func (b *SendBatch) Add(wr *SendWR) error {
 	if err != nil {
 		return err
 	}
-	unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.maxWR)[i] = C.struct_go_send_wr{
+	unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.capWR)[i] = C.struct_go_send_wr{
 		wr_id: C.uint64_t(wr.WRID), remote_addr: C.uint64_t(wr.RemoteAddr),
 		compare_add: C.uint64_t(wr.CompareAdd), swap: C.uint64_t(wr.Swap),
 		rkey: C.uint32_t(wr.RKey), opcode: C.uint32_t(wr.Opcode), send_flags: C.uint32_t(wr.Flags),
@@ -135,7 +166,7 @@ func (b *SendBatch) Add(wr *SendWR) error {
 		remote_qpn: C.uint32_t(wr.RemoteQPN), remote_qkey: C.uint32_t(wr.RemoteQKey),
 	}
 	if wr.AH != nil {
-		unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.maxWR)[i].ah = cptr(wr.AH.p)
+		unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.capWR)[i].ah = cptr(wr.AH.p)
 	}
 	return nil
 }
@@ -154,7 +185,7 @@ func (b *RecvBatch) Add(wr *RecvWR) error {
 	if err != nil {
 		return err
 	}
-	unsafe.Slice((*C.struct_go_recv_wr)(b.c.wrs), b.maxWR)[i] = C.struct_go_recv_wr{wr_id: C.uint64_t(wr.WRID),
+	unsafe.Slice((*C.struct_go_recv_wr)(b.c.wrs), b.capWR)[i] = C.struct_go_recv_wr{wr_id: C.uint64_t(wr.WRID),
 		sge_first: C.uint32_t(first), num_sge: C.uint32_t(len(wr.SGE))}
 	return nil
 }
@@ -171,24 +202,36 @@ func Post(id *CMID, srq *SRQ, recv *RecvBatch, send *SendBatch) error {
 	if srq != nil {
 		srqp = cptr(srq.p)
 	}
+	// A batch that never held a request has no C memory, and nothing to post.
+	var rb, sb *C.struct_go_batch
 	if recv != nil {
 		recv.seal()
-		rc = cptr(recv.c)
+		rb, rc = recv.c, cptr(recv.c)
 	}
 	if send != nil {
 		send.seal()
-		sc = cptr(send.c)
+		sb, sc = send.c, cptr(send.c)
 	}
 	ret := C.go_post(qp, srqp, rc, sc)
 	if ret == 0 {
 		return nil
 	}
-	if send == nil || recv != nil && recv.c.bad >= 0 {
-		return &PostError{Recv: true, Index: int(recv.c.bad), Err: retErrno("ibv_post_recv", ret)}
+	if sb == nil || rb != nil && rb.bad >= 0 {
+		return &PostError{Recv: true, Index: int(rb.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
-	return &PostError{Index: int(send.c.bad), Err: retErrno("ibv_post_send", ret)}
+	return &PostError{Index: int(sb.bad), Err: retErrno("ibv_post_send", ret)}
 }
 
 // cptr passes a pointer to C memory as an integer (see shim.h: it spares
 // the hot calls cgo's per-argument pointer checks). Never pass Go memory.
 func cptr[T any](p *T) C.uintptr_t { return C.uintptr_t(uintptr(unsafe.Pointer(p))) }
+
+// request reads back request i of the batch being filled: its id and its
+// entries' addresses. The tests use it to check what C will be handed.
+func (b *SendBatch) request(i int) (id uint64, addrs []uint64) {
+	wr := unsafe.Slice((*C.struct_go_send_wr)(b.c.wrs), b.capWR)[i]
+	for _, s := range unsafe.Slice(b.c.sge, b.capSGE)[wr.sge_first : wr.sge_first+wr.num_sge] {
+		addrs = append(addrs, uint64(s.addr))
+	}
+	return uint64(wr.wr_id), addrs
+}
