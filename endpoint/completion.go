@@ -91,6 +91,7 @@ func (ep *Endpoint) takeEvent() bool {
 	}
 	if err == nil {
 		ep.poller.unacked++
+		ep.poller.events.Add(1)
 	}
 	return true
 }

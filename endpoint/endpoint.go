@@ -162,7 +162,8 @@ type cqPoller struct {
 	// time: the netpoller lets one goroutine wait on a descriptor, and the
 	// waiter is the one woken. unacked is under it.
 	role    chan struct{}
-	unacked int // CQ events taken and not yet acked
+	unacked int           // CQ events taken and not yet acked
+	events  atomic.Uint64 // CQ events taken, ever (Stats.CQEvents)
 
 	// The channel's deadline is set by the holder of role, by Close, by a
 	// caller of Next that wants the role from the completion goroutine,

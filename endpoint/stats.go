@@ -22,6 +22,11 @@ type Stats struct {
 	// posted at the peer (StatusRNRRetryExc).
 	Failed           uint64
 	RNRRetryExceeded uint64
+	// CQEvents counts the completion events taken from the CQ's channel:
+	// each is one wake-up of a goroutine that slept on it (event or
+	// hybrid polling). Completions per event is what each wake-up
+	// carried.
+	CQEvents uint64
 }
 
 // SendsPerDoorbell is how many send-queue work requests each doorbell
@@ -33,12 +38,24 @@ func (s Stats) SendsPerDoorbell() float64 {
 	return float64(s.SendRequests) / float64(s.SendDoorbells)
 }
 
+// CompletionsPerEvent is how many completions each CQ event carried on
+// average: what one wake-up was worth. 0 before any event (busy polling
+// takes none).
+func (s Stats) CompletionsPerEvent() float64 {
+	if s.CQEvents == 0 {
+		return 0
+	}
+	return float64(s.Completions) / float64(s.CQEvents)
+}
+
 // Stats is a snapshot of the endpoint's counters; safe to call at any
 // time, also after Close.
 func (ep *Endpoint) Stats() Stats {
 	ep.mu.Lock()
-	defer ep.mu.Unlock()
-	return ep.stats
+	s := ep.stats
+	ep.mu.Unlock()
+	s.CQEvents = ep.poller.events.Load()
+	return s
 }
 
 // countPosted adds a post call's work requests to the counters: the send

@@ -57,6 +57,10 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	require.Positive(t, cs.Endpoint.SendDoorbells)
 	require.Positive(t, ss.Endpoint.RecvRequests)
 	require.Positive(t, ss.Endpoint.Completions)
+	// An event needs a CQ entry that came after the CQ was armed, and one
+	// arming gives at most one event: never more events than completions.
+	require.Positive(t, ss.Endpoint.CQEvents, "the server slept on its completion channel (event polling)")
+	require.LessOrEqual(t, ss.Endpoint.CQEvents, ss.Endpoint.Completions)
 	require.Zero(t, cs.Endpoint.Failed+ss.Endpoint.Failed, "no work request failed")
 	require.Zero(t, cs.Endpoint.RNRRetryExceeded+ss.Endpoint.RNRRetryExceeded)
 

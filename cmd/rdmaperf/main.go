@@ -60,6 +60,9 @@ type result struct {
 	Calls   float64 `json:"calls_s,omitempty"`
 	// PerDoorbell is the client's send work requests per doorbell (rpc).
 	PerDoorbell float64 `json:"sends_per_doorbell,omitempty"`
+	// PerWakeup is the client's completions per CQ event (rpc, event or
+	// hybrid polling): what each wake-up of its completion goroutine carried.
+	PerWakeup float64 `json:"completions_per_wakeup,omitempty"`
 	// connect: connections set up per second, and the teardown of all.
 	Conns      float64 `json:"conns_s,omitempty"`
 	TeardownMs float64 `json:"teardown_ms,omitempty"`
@@ -222,8 +225,8 @@ func printResult(r result) {
 		return
 	}
 	if r.Calls > 0 {
-		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us  %.2f sends/doorbell\n",
-			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999, r.PerDoorbell)
+		fmt.Printf("%-12s %8d calls %10.0f calls/s  p50 %8.2f us  p99 %8.2f us  p99.9 %8.2f us  %.2f sends/doorbell  %.2f completions/wake-up\n",
+			r.Test, r.Iters, r.Calls, r.Typical, r.P99, r.P999, r.PerDoorbell, r.PerWakeup)
 		return
 	}
 	if r.BW > 0 && !strings.HasSuffix(r.Test, "_lat") { // stream_lat reports both

@@ -616,8 +616,9 @@ func rpcClient(ctx context.Context, cfg config) (result, error) {
 		return result{}, err
 	}
 	all := slices.Concat(lat...)
+	eps := cl.Stats().Conn.Endpoint
 	r := result{Test: "rpc", Size: cfg.size, Iters: len(all), Calls: float64(len(all)) / dt,
-		PerDoorbell: cl.Stats().Conn.Endpoint.SendsPerDoorbell()}
+		PerDoorbell: eps.SendsPerDoorbell(), PerWakeup: eps.CompletionsPerEvent()}
 	summarize(all, &r)
 	return r, nil
 }

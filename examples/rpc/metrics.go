@@ -38,6 +38,7 @@ var (
 		desc("conn_send_doorbells", "Calls that posted them (one doorbell each)."),
 		desc("conn_completions", "Work completions of the open connections."),
 		desc("conn_failed_completions", "Work requests the device failed, on the open connections."),
+		desc("conn_cq_events", "Completion events (wake-ups of a sleeping completion goroutine) of the open connections."),
 	}
 )
 
@@ -54,12 +55,12 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.CallsInFlight))
 	ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(len(st.Conns)))
 	// Sums over the connections open now fall when one closes: gauges.
-	var sums [8]uint64
+	var sums [9]uint64
 	var rtt time.Duration
 	for _, s := range st.Conns {
 		rtt = max(rtt, s.KeepaliveRTT)
-		for i, v := range [8]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.RendezvousBytesReceived,
-			s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed} {
+		for i, v := range [9]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.RendezvousBytesReceived,
+			s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed, s.Endpoint.CQEvents} {
 			sums[i] += v
 		}
 	}
