@@ -226,5 +226,9 @@ func TestParseCmtime(t *testing.T) {
 		ConnsRuns: []float64{400}, CmtimeConnsRuns: []float64{500}, TeardownRuns: []float64{600}, CmtimeTeardownRuns: []float64{400}})
 	require.Contains(t, md, "| set-up, connections/s (higher is better) | 500 | 400 | 0.80 |")
 	require.Contains(t, md, "| teardown, ms (lower is better) | 400 | 600 | 1.50 |")
+	require.NotContains(t, md, "cmtime's queues", "no shallow run, no row")
+	md = connectTable(connectRow{Conns: 400, CmtimeConns: 500, ShallowConns: 450, ConnsRuns: []float64{400},
+		CmtimeConnsRuns: []float64{500}, ShallowConnsRuns: []float64{450}})
+	require.Contains(t, md, "| set-up with cmtime's queues (1 deep), connections/s | 500 | 450 | 0.90 |")
 	require.Empty(t, connectTable(connectRow{}), "no run, no section")
 }

@@ -20,13 +20,14 @@ import (
 // one listener and reports connections per second until the last is up,
 // then closes them all at once and reports how long that took. The server
 // accepts each request in a goroutine of its own and closes the connection
-// when the client's side goes.
+// when the client's side goes. -depth is each connection's send and
+// receive queue depth (cmtime's QPs hold 1 of each).
 
 // connectIters is the number of connections, cmtime -c's in the issue.
 const connectIters = 500
 
 func serveConnect(ctx context.Context, cfg config) error {
-	l, err := cm.Listen(ctx, cfg.addr, cm.WithBacklog(cfg.iters))
+	l, err := cm.Listen(ctx, cfg.addr, cm.WithBacklog(cfg.iters), cm.WithQueueDepth(cfg.depth))
 	if err != nil {
 		return err
 	}
@@ -65,7 +66,7 @@ func connectClient(ctx context.Context, cfg config) (result, error) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range eps {
-		wg.Go(func() { eps[i], errs[i] = cm.Dial(ctx, cfg.addr) })
+		wg.Go(func() { eps[i], errs[i] = cm.Dial(ctx, cfg.addr, cm.WithQueueDepth(cfg.depth)) })
 	}
 	wg.Wait()
 	setup := since(start)
@@ -144,13 +145,19 @@ func parseCmtime(text string) (map[string]float64, error) {
 }
 
 // connectRow is our set-up rate and teardown time against cmtime's, each
-// the median of its runs.
+// the median of its runs. ShallowConns is our rate with cmtime's queue
+// depth (1): what the library costs beyond the queues it makes.
 type connectRow struct {
 	Conns, CmtimeConns               float64
 	TeardownMs, CmtimeTeardownMs     float64
+	ShallowConns                     float64
 	ConnsRuns, CmtimeConnsRuns       []float64
 	TeardownRuns, CmtimeTeardownRuns []float64
+	ShallowConnsRuns                 []float64
 }
+
+// cmtimeDepth is the send and receive queue depth of cmtime's QPs.
+const cmtimeDepth = 1
 
 // compareConnect runs cmtime and our connect test in turn, repeat times.
 func compareConnect(ctx context.Context, self, host string, nextPort func() int, repeat int) (connectRow, error) {
@@ -167,12 +174,18 @@ func compareConnect(ctx context.Context, self, host string, nextPort func() int,
 			return r, fmt.Errorf("connect: %w", err)
 		}
 		r.ConnsRuns, r.TeardownRuns = append(r.ConnsRuns, res.Conns), append(r.TeardownRuns, res.TeardownMs)
+		res, err = runOurs(ctx, self, "connect", host, nextPort(), 0, connectIters, "event", "-depth", strconv.Itoa(cmtimeDepth))
+		if err != nil {
+			return r, fmt.Errorf("connect at depth %d: %w", cmtimeDepth, err)
+		}
+		r.ShallowConnsRuns = append(r.ShallowConnsRuns, res.Conns)
 	}
-	r.Conns, r.CmtimeConns = median(r.ConnsRuns), median(r.CmtimeConnsRuns)
+	r.Conns, r.CmtimeConns, r.ShallowConns = median(r.ConnsRuns), median(r.CmtimeConnsRuns), median(r.ShallowConnsRuns)
 	r.TeardownMs, r.CmtimeTeardownMs = median(r.TeardownRuns), median(r.CmtimeTeardownRuns)
-	fmt.Printf("connect %d: %6.0f conn/s  cmtime %6.0f conn/s  ratio %.2f  teardown %6.0f ms  cmtime %6.0f ms  runs %s / %s, %s / %s\n",
+	fmt.Printf("connect %d: %6.0f conn/s  cmtime %6.0f conn/s  ratio %.2f  teardown %6.0f ms  cmtime %6.0f ms  runs %s / %s, %s / %s; depth %d: %6.0f conn/s (%s)\n",
 		connectIters, r.Conns, r.CmtimeConns, ratioOf(r.Conns, r.CmtimeConns), r.TeardownMs, r.CmtimeTeardownMs,
-		spread(r.ConnsRuns), spread(r.CmtimeConnsRuns), spread(r.TeardownRuns), spread(r.CmtimeTeardownRuns))
+		spread(r.ConnsRuns), spread(r.CmtimeConnsRuns), spread(r.TeardownRuns), spread(r.CmtimeTeardownRuns),
+		cmtimeDepth, r.ShallowConns, spread(r.ShallowConnsRuns))
 	return r, nil
 }
 
@@ -192,10 +205,15 @@ func connectTable(r connectRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nConnection set-up and teardown: %d `cm.Dial`s at once to one listener, each accepted, then all "+
 		"closed at once, against librdmacm's `cmtime -c %d` in the same boot (its set-up is the sum of its create id, "+
-		"resolve addr, resolve route, create qp and connect steps; its teardown, disconnect and destroy).\n\n", connectIters, connectIters)
+		"resolve addr, resolve route, create qp and connect steps; its teardown, disconnect and destroy). Ours runs "+
+		"with the default queues (128 deep), and again with cmtime's.\n\n", connectIters, connectIters)
 	b.WriteString("| what | cmtime | ours | ratio | cmtime runs | ours runs |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	fmt.Fprintf(&b, "| set-up, connections/s (higher is better) | %.0f | %.0f | %.2f | %s | %s |\n",
 		r.CmtimeConns, r.Conns, ratioOf(r.Conns, r.CmtimeConns), spreadInt(r.CmtimeConnsRuns), spreadInt(r.ConnsRuns))
+	if len(r.ShallowConnsRuns) > 0 {
+		fmt.Fprintf(&b, "| set-up with cmtime's queues (%d deep), connections/s | %.0f | %.0f | %.2f | %s | %s |\n",
+			cmtimeDepth, r.CmtimeConns, r.ShallowConns, ratioOf(r.ShallowConns, r.CmtimeConns), spreadInt(r.CmtimeConnsRuns), spreadInt(r.ShallowConnsRuns))
+	}
 	fmt.Fprintf(&b, "| teardown, ms (lower is better) | %.0f | %.0f | %.2f | %s | %s |\n",
 		r.CmtimeTeardownMs, r.TeardownMs, ratioOf(r.TeardownMs, r.CmtimeTeardownMs), spreadInt(r.CmtimeTeardownRuns), spreadInt(r.TeardownRuns))
 	return b.String()

@@ -78,7 +78,7 @@ func main() {
 	size := flag.Int("size", 65536, "message size in bytes")
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")
-	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests)")
+	depth := flag.Int("depth", 128, "work requests in flight (bandwidth tests); each connection's queue depth (connect)")
 	// Each post is a cgo crossing and a doorbell (a syscall on rxe), and
 	// one completion stands for a post (perftest's cq_mod is 100): more
 	// requests per post, fewer of both (BENCHMARKS.md has the figures).
