@@ -3,9 +3,7 @@ package cm
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
 
@@ -52,16 +50,16 @@ const rejectNoListener = 8
 func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }
 
 // expect waits on c for the event that ends one step of connection setup.
-func expect(ctx context.Context, c *cmevent.Channel, want verbs.EventType, step string) (*verbs.Event, error) {
-	ev, err := c.Next(ctx)
+func expect(ctx context.Context, q *cmevent.Queue, want verbs.EventType, step string) (*verbs.Event, error) {
+	ev, err := q.Next(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cm: %s: %w", step, err)
 	}
 	if ev.Type == want {
-		return ev, nil
+		return ev.Event, nil
 	}
 	defer ev.Ack()
-	return nil, eventError(ev, step)
+	return nil, eventError(ev.Event, step)
 }
 
 // eventError is the error a failure event stands for.
@@ -84,12 +82,12 @@ func eventError(ev *verbs.Event, step string) error {
 	return fmt.Errorf("cm: %s: unexpected event %v (status %d)", step, ev.Type, ev.Status)
 }
 
-// conn is an established connection's CM side: its id, its own event
-// channel and the goroutine that reads that channel for as long as the
-// endpoint lives.
+// conn is an established connection's CM side: its id, its queue of the
+// process's CM event channel and the goroutine that takes its events for
+// as long as the endpoint lives.
 type conn struct {
 	id  *verbs.CMID
-	ch  *cmevent.Channel
+	q   *cmevent.Queue
 	ctl *seam.Control
 	log zerolog.Logger
 
@@ -106,8 +104,8 @@ type setupResult struct {
 	privateData []byte
 }
 
-func newConn(id *verbs.CMID, ch *cmevent.Channel, log zerolog.Logger) *conn {
-	return &conn{id: id, ch: ch, log: log, stopping: make(chan struct{}), loopDone: make(chan struct{}),
+func newConn(id *verbs.CMID, q *cmevent.Queue, log zerolog.Logger) *conn {
+	return &conn{id: id, q: q, log: log, stopping: make(chan struct{}), loopDone: make(chan struct{}),
 		setup: make(chan setupResult, 1)}
 }
 
@@ -164,15 +162,12 @@ func (c *conn) run() {
 	defer close(c.loopDone)
 	established := false
 	for {
-		ev, err := c.ch.Next(context.Background())
+		ev, err := c.q.Next(context.Background())
 		if err != nil {
 			select {
 			case <-c.stopping:
 				return
 			default:
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				continue // a stale deadline from setup
 			}
 			c.log.Error().Err(err).Msg("reading CM events; the connection is ended")
 			c.ctl.PeerGone(fmt.Errorf("cm: reading events: %w", err))
@@ -187,7 +182,7 @@ func (c *conn) run() {
 				c.setup <- setupResult{privateData: ev.PrivateData}
 			}
 		case verbs.EventRejected, verbs.EventUnreachable, verbs.EventConnectError, verbs.EventDisconnected:
-			err := eventError(ev, "connecting")
+			err := eventError(ev.Event, "connecting")
 			if !established {
 				established = true // nothing more to report to setup
 				c.setup <- setupResult{err: err}
@@ -202,13 +197,11 @@ func (c *conn) run() {
 	}
 }
 
-// close stops the event goroutine and destroys the id and its channel. It
-// runs as the endpoint's onClose, after the QP and CQ are gone.
+// close stops the event goroutine and destroys the id, then closes its
+// queue. It runs as the endpoint's onClose, after the QP and CQ are gone.
 func (c *conn) close() error {
 	c.stopOnce.Do(func() { close(c.stopping) })
-	c.ch.StopWaiting()
+	c.q.StopWaiting()
 	<-c.loopDone
-	err := c.id.Destroy()
-	c.ch.Destroy()
-	return err
+	return c.q.Close(c.id.Destroy)
 }

@@ -1,7 +1,8 @@
 // Package cm sets up RDMA connections the way librdmacm's rdma_cm does, with
 // Go's net shapes: Listen/Accept and Dial with a context, each connection an
-// *endpoint.Endpoint. Each connection has its own CM event channel, read by
-// one goroutine on Go's netpoller; every event is acked.
+// *endpoint.Endpoint. The process's listeners and connections share one CM
+// event channel, read by one goroutine on Go's netpoller that hands each
+// event to its connection; every event is acked.
 //
 // Each call takes the options that mean something there, and only those:
 //
@@ -51,16 +52,16 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 	}
 	defer ai.Free()
 
-	ch, err := cmevent.New()
+	q, err := cmevent.NewQueue()
 	if err != nil {
 		return fail(err)
 	}
-	id, err := verbs.CreateID(ch.EC, verbs.PortSpaceTCP)
+	id, err := q.CreateID(verbs.PortSpaceTCP)
 	if err != nil {
-		ch.Destroy()
+		q.Close(nil)
 		return fail(err)
 	}
-	ep, err := dialOn(ctx, id, ch, ai, o)
+	ep, err := dialOn(ctx, id, q, ai, o)
 	if err != nil {
 		return fail(err)
 	}
@@ -77,17 +78,16 @@ func hint(host string, err error) string {
 
 // dialOn runs resolve addr, resolve route, create QP, connect on id. On
 // failure it frees everything it was given.
-func dialOn(ctx context.Context, id *verbs.CMID, ch *cmevent.Channel, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
+func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
 	fail := func(err error) (*endpoint.Endpoint, error) {
-		id.Destroy()
-		ch.Destroy()
+		q.Close(id.Destroy)
 		return nil, err
 	}
 	timeout := cmevent.ResolveTimeout(ctx, o.resolveTimeout)
 	if err := id.ResolveAddr(ai, timeout); err != nil {
 		return fail(err)
 	}
-	ev, err := expect(ctx, ch, verbs.EventAddrResolved, "resolving the address")
+	ev, err := expect(ctx, q, verbs.EventAddrResolved, "resolving the address")
 	if err != nil {
 		return fail(err)
 	}
@@ -95,12 +95,12 @@ func dialOn(ctx context.Context, id *verbs.CMID, ch *cmevent.Channel, ai *verbs.
 	if err := id.ResolveRoute(cmevent.ResolveTimeout(ctx, o.resolveTimeout)); err != nil {
 		return fail(err)
 	}
-	if ev, err = expect(ctx, ch, verbs.EventRouteResolved, "resolving the route"); err != nil {
+	if ev, err = expect(ctx, q, verbs.EventRouteResolved, "resolving the route"); err != nil {
 		return fail(err)
 	}
 	ev.Ack()
 
-	c := newConn(id, ch, o.conn.logger)
+	c := newConn(id, q, o.conn.logger)
 	cfg := o.conn.ep
 	cfg.LocalAddr, cfg.RemoteAddr = id.LocalAddr(), id.RemoteAddr()
 	ep, err := c.start(cfg)

@@ -19,7 +19,7 @@ var ErrListenerClosed = fmt.Errorf("cm: listener closed: %w", net.ErrClosed)
 // Listener accepts RDMA connections on one address.
 type Listener struct {
 	id   *verbs.CMID
-	ch   *cmevent.Channel
+	q    *cmevent.Queue
 	o    listenOptions
 	addr net.Addr
 
@@ -27,6 +27,8 @@ type Listener struct {
 	reqs      chan *Request
 	closing   chan struct{}
 	loopDone  chan struct{}
+	failed    chan struct{} // closed, with failErr set, when events stop
+	failErr   error
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -51,29 +53,28 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	}
 	defer ai.Free()
 	// As librdmacm's rdma_server.c: rdma_create_ep binds a passive id;
-	// it then moves to an event channel of ours for rdma_listen.
+	// it then moves to the process's event channel for rdma_listen.
 	id, err := verbs.CreateEP(ai)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	ch, err := cmevent.New()
+	q, err := cmevent.NewQueue()
 	if err != nil {
 		id.DestroyEP()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
 	fail := func(err error) (*Listener, error) {
-		id.DestroyEP()
-		ch.Destroy()
+		q.Close(destroyEP(id))
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	if err := id.Migrate(ch.EC); err != nil {
+	if err := q.Adopt(id); err != nil {
 		return fail(err)
 	}
 	if err := id.Listen(o.backlog); err != nil {
 		return fail(err)
 	}
-	l := &Listener{id: id, ch: ch, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
-		closing: make(chan struct{}), loopDone: make(chan struct{})}
+	l := &Listener{id: id, q: q, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
+		closing: make(chan struct{}), loopDone: make(chan struct{}), failed: make(chan struct{})}
 	if o.srqDepth > 0 {
 		dev := id.Context()
 		if dev == nil {
@@ -102,7 +103,7 @@ func (l *Listener) Addr() net.Addr { return l.addr }
 // one of Accept and Reject must be called.
 type Request struct {
 	id          *verbs.CMID
-	ch          *cmevent.Channel
+	q           *cmevent.Queue
 	o           connOptions // the listener's
 	respRes     int
 	initDepth   int
@@ -121,44 +122,36 @@ func (r *Request) RemoteAddr() net.Addr { return r.remoteAddr }
 // LocalAddr is the address the request arrived at.
 func (r *Request) LocalAddr() net.Addr { return r.localAddr }
 
-// run reads the listening channel. Each connect request's new id is moved
-// to an event channel of its own at once, so the request (and later its
-// connection) never depends on the listener staying open.
+// run takes the listener's events. Each connect request's new id comes
+// with a queue of its own, so the request (and later its connection)
+// never depends on the listener staying open.
 func (l *Listener) run() {
 	defer close(l.loopDone)
 	for {
-		ev, err := l.ch.Next(context.Background())
+		ev, err := l.q.Next(context.Background())
 		if err != nil {
 			select {
 			case <-l.closing:
 				return
 			default:
 			}
-			l.o.conn.logger.Debug().Err(err).Msg("listener: reading CM events")
-			continue
+			// The process's CM event channel failed: no request can
+			// arrive any more, and Accept says so.
+			l.o.conn.logger.Error().Err(err).Msg("listener: reading CM events")
+			l.failErr = fmt.Errorf("cm: accept: %w", err)
+			close(l.failed)
+			<-l.closing
+			return
 		}
 		if ev.Type != verbs.EventConnectRequest {
 			l.o.conn.logger.Debug().Stringer("event", ev.Type).Msg("listener: ignored event")
 			ev.Ack()
 			continue
 		}
-		req := &Request{id: ev.ID, o: l.o.conn, privateData: ev.PrivateData,
+		req := &Request{id: ev.ID, q: ev.Queue, o: l.o.conn, privateData: ev.PrivateData,
 			respRes: ev.InitiatorDepth, initDepth: ev.ResponderResources,
 			remoteAddr: ev.ID.RemoteAddr(), localAddr: ev.ID.LocalAddr()}
 		ev.Ack()
-		if req.ch, err = cmevent.New(); err == nil {
-			err = req.id.Migrate(req.ch.EC)
-			if err != nil {
-				req.ch.Destroy()
-				req.ch = nil
-			}
-		}
-		if err != nil {
-			l.o.conn.logger.Error().Err(err).Msg("listener: cannot take a connect request; rejecting it")
-			req.id.Reject(nil)
-			req.id.Destroy()
-			continue
-		}
 		select {
 		case l.reqs <- req:
 		default:
@@ -180,6 +173,8 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 		return req, nil
 	case <-l.closing:
 		return nil, ErrListenerClosed
+	case <-l.failed:
+		return nil, l.failErr
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -221,7 +216,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 		r.Reject(nil)
 		return nil, fmt.Errorf("cm: accept: %w (the request was rejected)", err)
 	}
-	c := newConn(r.id, r.ch, o.conn.logger)
+	c := newConn(r.id, r.q, o.conn.logger)
 	cfg := o.conn.ep
 	cfg.LocalAddr, cfg.RemoteAddr = r.localAddr, r.remoteAddr
 	ep, err := c.start(cfg)
@@ -260,7 +255,12 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 // most 148 bytes).
 func (r *Request) Reject(privateData []byte) error {
 	err := r.id.Reject(privateData)
-	return errors.Join(err, r.id.Destroy(), func() error { r.ch.Destroy(); return nil }())
+	return errors.Join(err, r.q.Close(r.id.Destroy))
+}
+
+// destroyEP is id.DestroyEP in the shape Queue.Close takes.
+func destroyEP(id *verbs.CMID) func() error {
+	return func() error { id.DestroyEP(); return nil }
 }
 
 // Close stops listening and rejects the requests not yet accepted.
@@ -269,7 +269,8 @@ func (r *Request) Reject(privateData []byte) error {
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
-		errs := []error{l.ch.StopWaiting()}
+		l.q.StopWaiting()
+		var errs []error
 		<-l.loopDone
 		for {
 			select {
@@ -280,8 +281,7 @@ func (l *Listener) Close() error {
 			}
 			break
 		}
-		l.id.DestroyEP()
-		l.ch.Destroy()
+		errs = append(errs, l.q.Close(destroyEP(l.id)))
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr

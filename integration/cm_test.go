@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/cm"
@@ -259,4 +260,82 @@ func TestAcceptWithBadOptionsFailsAtOnce(t *testing.T) {
 	require.ErrorIs(t, err, endpoint.ErrInvalid)
 	_, err = l.Accept(ctx, cm.WithPrivateData(make([]byte, 4096)))
 	require.ErrorContains(t, err, "private data")
+}
+
+// TestConnectionsShareOneEventChannel: a process's listener and
+// connections read their CM events from one channel (and the dup the
+// netpoller watches), not one each, and the channel closes with the last
+// of them.
+func TestConnectionsShareOneEventChannel(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	before := rdmaCMFiles(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	const pairs = 8
+	var eps []*endpoint.Endpoint
+	for range pairs {
+		accepted := make(chan *endpoint.Endpoint, 1)
+		go func() {
+			ep, err := l.Accept(ctx)
+			assert.NoError(t, err)
+			accepted <- ep
+		}()
+		client, err := cm.Dial(ctx, l.Addr().String())
+		require.NoError(t, err)
+		server := <-accepted
+		require.NotNil(t, server)
+		eps = append(eps, client, server)
+	}
+	require.Equal(t, before+2, rdmaCMFiles(t), "%d connections and a listener hold one channel and its dup", 2*pairs)
+	for _, ep := range eps {
+		require.NoError(t, ep.Close())
+	}
+	require.Equal(t, before+2, rdmaCMFiles(t), "the listener still holds the channel")
+	require.NoError(t, l.Close())
+	require.Equal(t, before, rdmaCMFiles(t), "the last one closed the channel")
+}
+
+// rdmaCMFiles counts the process's open files on the rdma_cm device: its
+// CM event channels and their dups.
+func rdmaCMFiles(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && target == "/dev/infiniband/rdma_cm" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestListenerCloseRefusesWaitingDials: requests that reached a listener
+// but were never accepted are rejected when it closes (their dials fail
+// with ECONNREFUSED), and their ids are freed.
+func TestListenerCloseRefusesWaitingDials(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	files := rdmaCMFiles(t)
+	before := rxetest.CountResources(t)["cm_id"]
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	const dials = 4
+	errs := make(chan error, dials)
+	for range dials {
+		go func() {
+			_, err := cm.Dial(ctx, l.Addr().String())
+			errs <- err
+		}()
+	}
+	// Each request shows as two ids, the dialer's and the one the
+	// listener's side got with it.
+	require.Eventually(t, func() bool { return rxetest.CountResources(t)["cm_id"] >= before+1+2*dials },
+		10*time.Second, 20*time.Millisecond, "the requests never reached the listener")
+	require.NoError(t, l.Close())
+	for range dials {
+		require.ErrorIs(t, <-errs, syscall.ECONNREFUSED)
+	}
+	require.Equal(t, files, rdmaCMFiles(t), "the process's event channel closed with the last id")
 }

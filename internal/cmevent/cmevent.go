@@ -1,7 +1,8 @@
-// Package cmevent reads an rdma_cm event channel on Go's netpoller: the
+// Package cmevent reads rdma_cm event channels on Go's netpoller: a
 // channel's fd is non-blocking and waited on through a dup, so a goroutine
-// waiting for a CM event parks, never an OS thread in C. Packages cm and
-// dgram share it.
+// waiting for a CM event parks, never an OS thread in C. A Channel is one
+// id's own (package dgram); a Queue is one id's share of the channel the
+// process's connected ids have in common (package cm).
 package cmevent
 
 import (

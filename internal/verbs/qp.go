@@ -17,6 +17,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -38,8 +39,32 @@ type DeviceAttr struct {
 	IWARP           bool // the transport is iWARP: no atomics, no immediate data, no RNR retry
 }
 
-// QueryDevice reads the device's attributes.
+// deviceAttrs caches QueryDevice's answers by context. The contexts are
+// librdmacm's, open while the device is, and a device's attributes do not
+// change while it is open; the entry also names the device, so that a
+// context freed and another allocated at its address is not mistaken
+// for it.
+var deviceAttrs sync.Map // Context.Key() -> cachedAttr
+
+type cachedAttr struct {
+	device *C.struct_ibv_device
+	attr   DeviceAttr
+}
+
+// QueryDevice returns the device's attributes, read once per context
+// (every connection asks for them).
 func (c *Context) QueryDevice() (DeviceAttr, error) {
+	if v, ok := deviceAttrs.Load(c.Key()); ok && v.(cachedAttr).device == c.p.device {
+		return v.(cachedAttr).attr, nil
+	}
+	attr, err := c.queryDevice()
+	if err == nil {
+		deviceAttrs.Store(c.Key(), cachedAttr{device: c.p.device, attr: attr})
+	}
+	return attr, err
+}
+
+func (c *Context) queryDevice() (DeviceAttr, error) {
 	var a C.struct_ibv_device_attr
 	if ret := C.ibv_query_device(c.p, &a); ret != 0 {
 		return DeviceAttr{}, retErrno("ibv_query_device", ret)
