@@ -66,6 +66,7 @@ func (r Remote) Slice(off, n int) (Remote, error) {
 // Region is memory registered with exactly the remote access asked for.
 type Region struct {
 	pd     *seam.Domain
+	access Access
 	mem    []byte
 	mr     *verbs.MR
 	buf    Buffer
@@ -106,11 +107,14 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 		pd.d.Release()
 		return nil, registrationError(fmt.Sprintf("a %d-byte region", size), err)
 	}
-	r := &Region{pd: pd.d, mem: mem, mr: mr}
+	r := &Region{pd: pd.d, access: access, mem: mem, mr: mr}
 	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey(), pd: pd.d}
 	r.buf.out.Store(true)
 	return r, nil
 }
+
+// Access is the remote access the region was registered for.
+func (r *Region) Access() Access { return r.access }
 
 // Bytes is the region's memory.
 func (r *Region) Bytes() []byte { return r.buf.data }

@@ -877,3 +877,64 @@ func TestMsgListenerSetsUpBeforeAccept(t *testing.T) {
 		require.ErrorIs(t, err, io.EOF, "dialer %d, set up but never accepted, after the listener closed", i)
 	}
 }
+
+// TestMsgSendRegion: a message sent from a region the caller lends
+// arrives byte for byte, read by the peer straight from that region: the
+// sender takes no rendezvous region of its own (its region cache is never
+// asked), and SendRegion returns, the region the caller's again, before
+// the peer's application reads the message. Regions the peer could not
+// read, or that are not the connection's, are refused before anything is
+// sent, and the connection works on.
+func TestMsgSendRegion(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	const size = 1 << 20
+	region, err := bufpool.NewRegion(client.PD(), size, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	pattern(region.Bytes(), 7)
+
+	before := client.Stats()
+	for _, n := range []int{size, 100000, client.MaxInline() + 1, 10, 0} {
+		require.NoError(t, client.SendRegion(ctx, region, n), "%d bytes", n)
+		want := sha256.Sum256(region.Bytes()[:n])
+		region.Bytes()[0] ^= 0xff // the caller's again: what was sent stays as it was
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, n, len(got))
+		require.Equal(t, want, sha256.Sum256(got), "%d bytes: payload differs", n)
+	}
+	after := client.Stats()
+	require.Equal(t, before.RegionCacheHits+before.RegionCacheMisses, after.RegionCacheHits+after.RegionCacheMisses,
+		"the sender took no rendezvous region of its own")
+	require.Equal(t, before.RendezvousSent+3, after.RendezvousSent, "the three above MaxInline went by rendezvous")
+
+	writeOnly, err := bufpool.NewRegion(client.PD(), 1<<16, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	defer writeOnly.Close()
+	others, err := bufpool.NewRegion(server.PD(), 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer others.Close()
+	closed, err := bufpool.NewRegion(client.PD(), 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	for name, err := range map[string]error{
+		"not readable":      client.SendRegion(ctx, writeOnly, 1<<16),
+		"another PD":        client.SendRegion(ctx, others, 1<<16),
+		"closed":            client.SendRegion(ctx, closed, 1<<16),
+		"past its end":      client.SendRegion(ctx, region, size+1),
+		"a negative length": client.SendRegion(ctx, region, -1),
+		"nil":               client.SendRegion(ctx, nil, 1),
+	} {
+		require.Error(t, err, name)
+		t.Logf("%s: %v", name, err)
+	}
+	dataSent := func(s msg.Stats) uint64 { return s.MessagesSent - s.CreditMessagesSent } // not keepalives
+	require.Equal(t, dataSent(after), dataSent(client.Stats()), "a refused SendRegion sends nothing")
+	require.Error(t, client.SendRegion(ctx, closed, 10), "closed, even for a copy")
+	require.NoError(t, client.Send(ctx, []byte("still here")))
+	got, err := server.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "still here", string(got))
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // ErrClosed is returned after the connection ended. It matches
@@ -164,7 +165,18 @@ type Conn struct {
 
 type pendingRendezvous struct {
 	region *bufpool.Region
-	done   chan struct{}
+	// lent: the caller's region (SendRegion), given back to nobody: the
+	// caller owns it again once done closes.
+	lent bool
+	done chan struct{}
+}
+
+// giveBack returns a rendezvous region taken from the cache to it, once
+// the peer cannot read it any more.
+func (c *Conn) giveBack(p *pendingRendezvous) {
+	if !p.lent {
+		c.rv.put(p.region, bufpool.RemoteRead)
+	}
 }
 
 // rendezvousRead is the context of an RDMA READ pulling a large message.
@@ -516,7 +528,9 @@ func (c *Conn) Close() error {
 		}
 		c.mu.Lock()
 		for id, p := range c.rvSend {
-			p.region.Close()
+			if !p.lent {
+				p.region.Close()
+			}
 			delete(c.rvSend, id)
 		}
 		c.mu.Unlock()
@@ -861,9 +875,47 @@ func (c *Conn) countSent(h *Header, n uint64) {
 // maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.
 const maxRendezvous = 1 << 31
 
+// SendRegion sends the first n bytes of region as one message, as Send
+// does, and above MaxInline without copying them: the peer reads them
+// straight from region (RDMA READ). region must be registered in the
+// connection's protection domain (bufpool.NewRegion(c.PD(), size,
+// bufpool.RemoteRead)); anything else is refused before a byte is sent.
+//
+// The bytes must not change until SendRegion returns. ctx bounds the wait
+// for a credit to offer them; once they are offered, the peer may be
+// reading them, so SendRegion then waits for the peer's read, which it
+// starts as the offer arrives, or for the connection's end, whatever ctx
+// does. region stays the caller's: SendRegion never closes it.
+func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) error {
+	if region == nil {
+		return errorf("SendRegion of a nil region")
+	}
+	_, domain, err := seam.BufferSGE(region.Buffer(), 0, n) // closed, or n out of range
+	if err != nil {
+		return errorf("SendRegion: %w", err)
+	}
+	if n <= c.maxInline {
+		return c.Send(ctx, region.Bytes()[:n])
+	}
+	if region.Access()&bufpool.RemoteRead == 0 {
+		return errorf("SendRegion of a region the peer may not read: register it with bufpool.RemoteRead")
+	}
+	if domain != seam.DomainOf(c.PD()) {
+		return errorf("SendRegion of a region registered in another protection domain than the connection's (Conn.PD)")
+	}
+	if c.writeClosed.Load() {
+		return ErrWriteClosed
+	}
+	if n > maxRendezvous {
+		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", n, maxRendezvous)
+	}
+	return c.offerRendezvous(ctx, TypeData, 0, &pendingRendezvous{region: region, lent: true, done: make(chan struct{})}, n)
+}
+
 // sendRendezvous puts head and payload in a region the peer may read and
-// sends its description; the region is freed when the peer says it has
-// read it (or the connection ends), even if ctx gives up first.
+// offers it; the region goes back to the cache when the peer says it has
+// read it (or is freed when the connection ends), even if ctx gives up
+// first.
 func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
 	size := len(head) + len(payload)
 	if size > maxRendezvous {
@@ -874,11 +926,20 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, pa
 		return err
 	}
 	copy(region.Bytes()[copy(region.Bytes(), head):], payload)
-	p := &pendingRendezvous{region: region, done: make(chan struct{})}
+	return c.offerRendezvous(ctx, typ, id, &pendingRendezvous{region: region, done: make(chan struct{})}, size)
+}
+
+// offerRendezvous sends the description of the first size bytes of
+// p.region and waits for the peer's read. A lent region is waited for
+// even after ctx ends: the peer may be reading it.
+func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, p *pendingRendezvous, size int) error {
+	region := p.region
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		region.Close()
+		if !p.lent {
+			region.Close()
+		}
 		return c.Err()
 	}
 	c.nextRV++
@@ -894,7 +955,7 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, pa
 		c.mu.Lock()
 		if _, ok := c.rvSend[rv]; ok { // never offered: nobody will read it
 			delete(c.rvSend, rv)
-			c.rv.put(region, bufpool.RemoteRead)
+			c.giveBack(p)
 		}
 		c.mu.Unlock()
 		return err
@@ -903,12 +964,19 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, pa
 	c.stats.RendezvousSent++
 	c.stats.RendezvousBytesSent += uint64(size)
 	c.mu.Unlock()
+	var gaveUp <-chan struct{}
+	if !p.lent {
+		gaveUp = ctx.Done() // the region stays until the peer is done with it
+	}
 	select {
 	case <-p.done:
 		return nil
 	case <-c.done:
+		if p.lent {
+			<-c.ep.Done() // the QP no longer answers the peer's reads
+		}
 		return c.Err()
-	case <-ctx.Done():
-		return ctx.Err() // the region stays until the peer is done with it
+	case <-gaveUp:
+		return ctx.Err()
 	}
 }

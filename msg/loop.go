@@ -182,7 +182,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		if !ok {
 			return fmt.Errorf("%w: done for rendezvous %d, which is not pending", ErrMalformed, h.ID)
 		}
-		c.rv.put(p.region, bufpool.RemoteRead)
+		c.giveBack(p)
 		close(p.done)
 	case TypeRendezvous:
 		var info rendezvousInfo

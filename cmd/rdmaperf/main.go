@@ -43,6 +43,8 @@ type config struct {
 	addr  string
 	// rpc
 	callers int
+	// rendezvous: send from a lent region (msg.Conn.SendRegion), no copy
+	lend bool
 }
 
 // result is one measurement.
@@ -89,6 +91,7 @@ func main() {
 	poll := flag.String("poll", "event", "completion polling: event, busy or hybrid")
 	addr := flag.String("addr", "", "server address host:port (default $RDMACM_TEST_ADDR:18600)")
 	callers := flag.Int("callers", 16, "rpc: concurrent callers")
+	lend := flag.Bool("lend", false, "rendezvous: send from a registered region the client lends (SendRegion) instead of copying (Send)")
 	asJSON := flag.Bool("json", false, "print JSON, one object per result")
 	repeat := flag.Int("repeat", 1, "with -compare: run each pair this many times and keep the medians")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process to `file`")
@@ -133,7 +136,7 @@ func main() {
 		list = sweep(*sizes)
 	}
 	for _, s := range list {
-		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, batch: *batch, reads: *reads, spin: *spin, poll: pm, addr: *addr, callers: *callers}
+		cfg := config{test: *test, size: s, iters: *iters, depth: *depth, batch: *batch, reads: *reads, spin: *spin, poll: pm, addr: *addr, callers: *callers, lend: *lend}
 		if cfg.iters == 0 {
 			cfg.iters = defaultIters(cfg.test, s)
 		}

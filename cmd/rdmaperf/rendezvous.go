@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
@@ -12,7 +13,9 @@ import (
 // -iters messages of -size bytes one after another (each Send returns once
 // the server has read it with RDMA READ); the server receives and releases
 // them. It reports MiB/s of messages over the time, comparable with
-// ib_read_bw, which moves the same bytes with the same operation.
+// ib_read_bw, which moves the same bytes with the same operation. With
+// -lend the client sends from a region it registered (SendRegion), so no
+// message is copied into a rendezvous region first.
 
 func serveRendezvous(ctx context.Context, cfg config) error {
 	l, err := msg.Listen(ctx, cfg.addr, msg.WithCMOptions(cfg.polling()))
@@ -42,15 +45,25 @@ func rendezvousClient(ctx context.Context, cfg config) (result, error) {
 	}
 	defer c.Close()
 	payload := make([]byte, cfg.size)
+	send := func() error { return c.Send(ctx, payload) }
+	if cfg.lend {
+		region, err := bufpool.NewRegion(c.PD(), cfg.size, bufpool.RemoteRead)
+		if err != nil {
+			return result{}, err
+		}
+		defer region.Close()
+		payload = region.Bytes()
+		send = func() error { return c.SendRegion(ctx, region, cfg.size) }
+	}
 	for i := range payload {
 		payload[i] = byte(i)
 	}
-	if err := c.Send(ctx, payload); err != nil { // the regions are mapped and registered once, before the clock
+	if err := send(); err != nil { // the regions are mapped and registered once, before the clock
 		return result{}, err
 	}
 	start := time.Now()
 	for range cfg.iters {
-		if err := c.Send(ctx, payload); err != nil {
+		if err := send(); err != nil {
 			return result{}, err
 		}
 	}
