@@ -194,7 +194,7 @@ func (b *Buffer) sge(off, n int) (verbs.SGE, *seam.Domain, error) {
 		if b.pool != nil {
 			return verbs.SGE{}, nil, errors.New("bufpool: the buffer is back in its pool (Put): get it again before posting it")
 		}
-		return verbs.SGE{}, nil, errors.New("bufpool: the buffer's region is closed")
+		return verbs.SGE{}, nil, fmt.Errorf("%w: the buffer's region was closed", ErrClosed)
 	}
 	if off < 0 || n < 0 || off+n > len(b.data) || off+n < 0 {
 		return verbs.SGE{}, nil, fmt.Errorf("%w: [%d, %d) of a %d-byte buffer", ErrRange, off, off+n, len(b.data))

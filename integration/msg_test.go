@@ -932,7 +932,7 @@ func TestMsgSendRegion(t *testing.T) {
 	}
 	dataSent := func(s msg.Stats) uint64 { return s.MessagesSent - s.CreditMessagesSent } // not keepalives
 	require.Equal(t, dataSent(after), dataSent(client.Stats()), "a refused SendRegion sends nothing")
-	require.Error(t, client.SendRegion(ctx, closed, 10), "closed, even for a copy")
+	require.ErrorIs(t, client.SendRegion(ctx, closed, 10), bufpool.ErrClosed, "closed, even for a copy")
 	require.NoError(t, client.Send(ctx, []byte("still here")))
 	got, err := server.Recv(ctx)
 	require.NoError(t, err)
