@@ -85,6 +85,7 @@ type Conn struct {
 	paths  pathCache
 
 	events    eventLoop
+	stats     counters
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error

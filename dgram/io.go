@@ -209,6 +209,7 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 		if wc.Status != verbs.WCSuccess {
 			if wc.Status != verbs.WCWRFlushErr {
 				c.log.Warn().Stringer("status", wc.Status).Msg("dgram: a receive failed")
+				c.stats.discarded.Add(1)
 			}
 			continue
 		}
@@ -216,10 +217,12 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 		src, ok := grhSource(buf[:verbs.GRHSize])
 		if wc.Flags&verbs.WCGRH == 0 || !ok {
 			c.log.Debug().Msg("dgram: a datagram without a readable GRH: dropped")
+			c.stats.discarded.Add(1)
 			continue
 		}
 		sender := &Addr{IP: src, QPN: wc.SrcQP, QKey: c.local.QKey}
 		if from != nil && !from.sameQP(sender) {
+			c.stats.discarded.Add(1)
 			continue
 		}
 		c.paths.learn(keyOf(src), c.tx.done.Load(), func() (*verbs.AH, error) {
@@ -229,6 +232,11 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 		m := &ms[got]
 		m.N = copy(m.Buf, payload)
 		m.Truncated = m.N < len(payload)
+		c.stats.datagramsReceived.Add(1)
+		c.stats.bytesReceived.Add(uint64(len(payload)))
+		if m.Truncated {
+			c.stats.trunc.Add(1)
+		}
 		m.Addr = sender
 		m.HasImm = wc.Flags&verbs.WCWithImm != 0
 		m.Imm = 0
@@ -400,6 +408,17 @@ func (c *Conn) writeBatch(ms []Message) (int, error) {
 	return sent, nil
 }
 
+// countSent counts one post call that sent ms.
+func (c *Conn) countSent(ms []Message) {
+	var bytes uint64
+	for i := range ms {
+		bytes += uint64(len(ms[i].Buf))
+	}
+	c.stats.posts.Add(1)
+	c.stats.datagramsSent.Add(uint64(len(ms)))
+	c.stats.bytesSent.Add(bytes)
+}
+
 // check refuses, before anything is posted, a message that cannot be sent.
 func (c *Conn) check(m *Message) (*path, error) {
 	a, ok := m.Addr.(*Addr)
@@ -458,16 +477,22 @@ func (c *Conn) post(ms []Message, paths []*path) (int, error) {
 		c.paths.touch(paths[i], s.seq)
 	}
 	err := verbs.Post(c.id, nil, nil, s.batch)
+	posted := k
+	if err != nil {
+		// What the device refused, and all after it, never went.
+		posted = 0
+		var pe *verbs.PostError
+		if errors.As(err, &pe) {
+			posted = pe.Index
+		}
+	}
+	if posted > 0 {
+		c.countSent(ms[:posted])
+	}
 	if err == nil {
 		return k, nil
 	}
-	// What the device refused, and all after it, never went: give their
-	// slots back, newest first.
-	posted := 0
-	var pe *verbs.PostError
-	if errors.As(err, &pe) {
-		posted = pe.Index
-	}
+	// Give the slots of those that never went back, newest first.
 	for range k - posted {
 		f := s.inflight[len(s.inflight)-1]
 		s.inflight = s.inflight[:len(s.inflight)-1]

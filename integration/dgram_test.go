@@ -68,7 +68,8 @@ func TestDatagramSizesByteForByte(t *testing.T) {
 	echoed := make(chan error, 1)
 	go func() { echoed <- echoDatagrams(srv, -1) }()
 	buf := make([]byte, mtu)
-	for i, n := range []int{0, 1, 2, 39, 40, 41, 63, 64, 65, 1000, mtu - 1, mtu} {
+	sizes := []int{0, 1, 2, 39, 40, 41, 63, 64, 65, 1000, mtu - 1, mtu}
+	for i, n := range sizes {
 		p := payload(n, byte(i))
 		_, err := cli.WriteTo(p, to)
 		require.NoError(t, err, "size %d", n)
@@ -125,8 +126,66 @@ func TestDatagramSizesByteForByte(t *testing.T) {
 	require.True(t, small[0].Truncated)
 	require.Equal(t, payload(100, 9)[:10], small[0].Buf)
 
+	// Stats counted every datagram each way, the batch as one post, the
+	// refused one not at all.
+	datagrams := uint64(len(sizes) + len(ms) + 1)
+	bytesEachWay := uint64(10 + 20 + 30 + 100)
+	for _, n := range sizes {
+		bytesEachWay += uint64(n)
+	}
+	require.Equal(t, dgram.Stats{DatagramsSent: datagrams, BytesSent: bytesEachWay, Posts: uint64(len(sizes)) + 1 + 1,
+		DatagramsReceived: datagrams, BytesReceived: bytesEachWay, Truncated: 1}, cli.Stats())
+	st := srv.Stats()
+	require.Equal(t, datagrams, st.DatagramsReceived)
+	require.Equal(t, datagrams, st.DatagramsSent)
+	require.Equal(t, bytesEachWay, st.BytesSent)
+	require.LessOrEqual(t, st.Posts, datagrams)
+
 	require.NoError(t, srv.Close())
 	require.ErrorIs(t, <-echoed, net.ErrClosed)
+	require.Equal(t, st, srv.Stats(), "Stats after Close")
+}
+
+// TestDatagramDialReadsOnlyItsPeer: a Conn from Dial returns only its
+// peer's datagrams; one from a stranger is dropped and counted in
+// Stats.Discarded.
+func TestDatagramDialReadsOnlyItsPeer(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv := listenDgram(t, ctx)
+	if srv == nil {
+		return
+	}
+	stranger := listenDgram(t, ctx)
+	d, err := dgram.Dial(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	toD, err := stranger.Resolve(ctx, hostPort(d.LocalAddr().(*dgram.Addr)))
+	require.NoError(t, err)
+	_, err = stranger.WriteTo([]byte("stranger"), toD)
+	require.NoError(t, err)
+
+	_, err = d.Write([]byte("hello")) // the server learns the way back from it
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, from, err := srv.ReadFrom(buf)
+	require.NoError(t, err)
+	_, err = srv.WriteTo([]byte("peer"), from)
+	require.NoError(t, err)
+
+	require.NoError(t, d.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, err := d.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "peer", string(buf[:n]))
+	// The stranger's came before or comes after: a read that waits for
+	// nothing more takes it either way.
+	require.NoError(t, d.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, err = d.Read(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	st := d.Stats()
+	require.Equal(t, uint64(1), st.Discarded, "%+v", st)
+	require.Equal(t, uint64(1), st.DatagramsReceived, "%+v", st)
 }
 
 // hostPort is where a Conn listens, for Resolve.
