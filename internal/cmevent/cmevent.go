@@ -62,6 +62,11 @@ func (c *Channel) Next(ctx context.Context) (*verbs.Event, error) {
 		}
 		return nil, err
 	}
+	return c.taken()
+}
+
+// taken hands over what the last successful Wait's take found.
+func (c *Channel) taken() (*verbs.Event, error) {
 	ev, err := c.ev, c.getErr
 	c.ev, c.getErr = nil, nil
 	return ev, err

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
 
-	"github.com/go-rdma/rdmacm/internal/fdwait"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -44,15 +42,11 @@ type Queue struct {
 	ready   chan struct{} // a token when items grew or the queue stopped
 }
 
-// shared is one open channel and its reader.
+// shared is one open channel and its reader, the only goroutine that
+// waits on it.
 type shared struct {
-	ec   *verbs.EventChannel
-	wait *fdwait.Waiter
+	ch   *Channel
 	done chan struct{} // closed when the reader returns
-
-	// the reader's last take
-	ev     *verbs.Event
-	getErr error
 
 	mu     sync.Mutex
 	queues map[uintptr]*Queue // by id key
@@ -95,37 +89,26 @@ func NewQueue() (*Queue, error) {
 }
 
 func openShared() (*shared, error) {
-	ec, err := verbs.NewEventChannel()
+	ch, err := New()
 	if err != nil {
 		return nil, err
 	}
-	s := &shared{ec: ec, done: make(chan struct{}), queues: make(map[uintptr]*Queue)}
-	if s.wait, err = fdwait.New(ec.Fd(), "rdma_cm event channel", s.take); err != nil {
-		ec.Destroy()
-		return nil, err
-	}
+	s := &shared{ch: ch, done: make(chan struct{}), queues: make(map[uintptr]*Queue)}
 	go s.read()
 	return s, nil
 }
 
 func (s *shared) newQueue() *Queue { return &Queue{s: s, ready: make(chan struct{}, 1)} }
 
-// take is the non-blocking read fdwait calls: false when no event is pending.
-func (s *shared) take() bool {
-	s.ev, s.getErr = s.ec.GetEvent()
-	return s.getErr != syscall.EAGAIN
-}
-
 // read hands out events until the channel closes (the last Queue went) or
 // a read fails; then every Queue's Next reports the failure.
 func (s *shared) read() {
 	defer close(s.done)
 	for {
-		if err := s.wait.Wait(); err != nil {
+		if err := s.ch.wait.Wait(); err != nil {
 			return // closed by the last Queue's Close
 		}
-		ev, err := s.ev, s.getErr
-		s.ev, s.getErr = nil, nil
+		ev, err := s.ch.taken()
 		if err != nil {
 			s.mu.Lock()
 			s.err = err
@@ -192,7 +175,7 @@ func (q *Queue) wake() {
 
 // CreateID creates an id of port space ps on the shared channel, bound to q.
 func (q *Queue) CreateID(ps verbs.PortSpace) (*verbs.CMID, error) {
-	id, err := verbs.CreateID(q.s.ec, ps)
+	id, err := verbs.CreateID(q.s.ch.EC, ps)
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +186,7 @@ func (q *Queue) CreateID(ps verbs.PortSpace) (*verbs.CMID, error) {
 // Adopt moves id's events to the shared channel (rdma_migrate_id) and
 // binds it to q. id must have no events pending.
 func (q *Queue) Adopt(id *verbs.CMID) error {
-	if err := id.Migrate(q.s.ec); err != nil {
+	if err := id.Migrate(q.s.ch.EC); err != nil {
 		return err
 	}
 	q.bind(id)
@@ -289,9 +272,9 @@ func (q *Queue) Close(destroyID func() error) error {
 		if current == s {
 			current = nil
 		}
-		s.wait.Close()
+		s.ch.StopWaiting()
 		<-s.done
-		s.ec.Destroy()
+		s.ch.Destroy()
 	}
 	return err
 }
