@@ -479,25 +479,22 @@ func (c *Conn) post(ms []Message, paths []*path) (int, error) {
 	err := verbs.Post(c.id, nil, nil, s.batch)
 	posted := k
 	if err != nil {
-		// What the device refused, and all after it, never went.
+		// What the device refused, and all after it, never went: give
+		// their slots back, newest first.
 		posted = 0
 		var pe *verbs.PostError
 		if errors.As(err, &pe) {
 			posted = pe.Index
 		}
+		for range k - posted {
+			f := s.inflight[len(s.inflight)-1]
+			s.inflight = s.inflight[:len(s.inflight)-1]
+			s.idle = append(s.idle, f.slot)
+		}
+		s.seq = first + uint64(posted)
 	}
 	if posted > 0 {
 		c.countSent(ms[:posted])
 	}
-	if err == nil {
-		return k, nil
-	}
-	// Give the slots of those that never went back, newest first.
-	for range k - posted {
-		f := s.inflight[len(s.inflight)-1]
-		s.inflight = s.inflight[:len(s.inflight)-1]
-		s.idle = append(s.idle, f.slot)
-	}
-	s.seq = first + uint64(posted)
 	return posted, err
 }

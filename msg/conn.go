@@ -875,6 +875,14 @@ func (c *Conn) countSent(h *Header, n uint64) {
 // maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.
 const maxRendezvous = 1 << 31
 
+// checkRendezvousSize refuses a message larger than maxRendezvous.
+func checkRendezvousSize(size int) error {
+	if size > maxRendezvous {
+		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", size, maxRendezvous)
+	}
+	return nil
+}
+
 // SendRegion sends the first n bytes of region as one message, as Send
 // does, and above MaxInline without copying them: the peer reads them
 // straight from region (RDMA READ). region must be registered in the
@@ -906,8 +914,8 @@ func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) er
 	if c.writeClosed.Load() {
 		return ErrWriteClosed
 	}
-	if n > maxRendezvous {
-		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", n, maxRendezvous)
+	if err := checkRendezvousSize(n); err != nil {
+		return err
 	}
 	return c.offerRendezvous(ctx, TypeData, 0, &pendingRendezvous{region: region, lent: true, done: make(chan struct{})}, n)
 }
@@ -918,8 +926,8 @@ func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) er
 // first.
 func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
 	size := len(head) + len(payload)
-	if size > maxRendezvous {
-		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", size, maxRendezvous)
+	if err := checkRendezvousSize(size); err != nil {
+		return err
 	}
 	region, err := c.rv.get(size, bufpool.RemoteRead)
 	if err != nil {
