@@ -95,6 +95,9 @@ func init() {
 		}
 		return o.ep, o.rnrRetrySet, o.finish()
 	}
+	seam.WithHandler = func(handler any, end func()) any {
+		return Option(func(o *connOptions) { o.ep.Handler, o.ep.HandlerEnd = handler, end })
+	}
 }
 
 func defaultConn() connOptions {

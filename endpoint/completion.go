@@ -67,7 +67,7 @@ func (ep *Endpoint) pollLoop() {
 				continue
 			}
 		}
-		n, _, _, werr := ep.waitEvent(context.Background(), false, time.Time{})
+		n, _, _, werr := ep.waitEvent(context.Background(), false, 0, time.Time{})
 		<-p.role
 		if n > 0 && ep.mode == PollHybrid {
 			lastWork = time.Now()
@@ -189,6 +189,10 @@ func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
 		if sent {
 			ep.interruptWait(false)
 		}
+		if len(ep.handled) > 0 {
+			ep.runHandler()
+			handed = handed || want
+		}
 		if n < ep.cq.Batch() {
 			// The CQ was empty after these: another poll now would
 			// most likely find nothing, and it costs a cgo call.
@@ -227,7 +231,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			ep.gotRecv = true
 			close(ep.received)
 		}
-		ep.queue.emit(c)
+		ep.output(c)
 		return
 	}
 	idx := uint32(wc.WRID)
@@ -242,12 +246,36 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		}
 		ep.countCompleted(c.Err)
 		if !s.silent || c.Err != nil {
-			ep.queue.emit(c)
+			ep.output(c)
 		}
 		if head == idx {
 			break
 		}
 	}
+}
+
+// output hands c on: to the handler (after the poll, once the locks are
+// let go) in handler mode, unless it is for a request's Notify, and
+// otherwise to the completion queue. ep.mu and ep.queue.mu are held.
+func (ep *Endpoint) output(c Completion) {
+	if ep.handle != nil && c.to == nil {
+		ep.handled = append(ep.handled, c)
+		return
+	}
+	ep.queue.emit(c)
+}
+
+// runHandler hands the poll's completions to the handler, in order, and
+// makes callers of Progress look: something was handled. The holder of
+// poller.mu calls it, or teardown once nothing polls.
+func (ep *Endpoint) runHandler() {
+	for i := range ep.handled {
+		ep.handle(ep.handled[i])
+		ep.handled[i] = Completion{} // drop references for the GC
+	}
+	ep.handled = ep.handled[:0]
+	ep.poller.progress.Add(1)
+	ep.interruptWait(false)
 }
 
 // completionError is the error of a failed work completion. A failure
@@ -283,18 +311,24 @@ func (ep *Endpoint) teardown() {
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {
 		s := ep.sends.release(ep.sendFIFO.pop())
-		ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed, to: s.notify})
+		ep.output(Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed, to: s.notify})
 	}
 	for i := range ep.recvs.slots {
 		if ep.recvs.slots[i].used {
 			s := ep.recvs.release(uint32(i))
-			ep.queue.items = append(ep.queue.items, Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed, to: s.notify})
+			ep.output(Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed, to: s.notify})
 		}
 	}
 	ep.queue.closed = true
 	close(ep.queue.ended)
 	ep.queue.mu.Unlock()
 	ep.mu.Unlock()
+	if ep.handle != nil {
+		ep.runHandler()
+		if ep.handleEnd != nil {
+			ep.handleEnd()
+		}
+	}
 	ep.queue.notify()
 	ep.sendBatch.Free()
 	ep.recvBatch.Free()

@@ -79,6 +79,8 @@ type Endpoint struct {
 	//   - The holder of poller.role (the completion goroutine or one caller
 	//     of Next) arms the CQ, waits on the completion channel, and owns
 	//     its events and their acks (poller.unacked).
+	//   - In handler mode, the holder of poller.mu calls the handler, after
+	//     letting go of mu and queue.mu: the handler may post.
 	//   - The delivery goroutine (deliverLoop) owns the batch it is sending
 	//     to Completions; queue.mu guards what it swaps with the pollers.
 	//   - Package cm's event goroutine calls the PeerGone it was given,
@@ -124,6 +126,16 @@ type Endpoint struct {
 	queue  completionQueue
 	poller cqPoller
 
+	// Handler mode (seam.EndpointConfig.Handler): completions go to
+	// handle, in order, in whichever goroutine polls the CQ (the
+	// completion goroutine or a caller of Progress), instead of to
+	// Completions; handleEnd runs once after the last. handled holds a
+	// poll's completions until the locks are let go; it belongs to the
+	// holder of poller.mu, and to teardown.
+	handle    func(Completion)
+	handleEnd func()
+	handled   []Completion
+
 	pollDone chan struct{}
 	closeErr error
 	onClose  func() error
@@ -150,9 +162,13 @@ type cqPoller struct {
 	// Callers of Next that poll the CQ or wait on its channel themselves;
 	// the completion goroutine stands aside while they do.
 	callers   atomic.Int32
-	nextCalls atomic.Uint64 // Next calls, ever
+	nextCalls atomic.Uint64 // Next and Progress calls, ever
+	// progress moves each time a poll handled completions (handler mode)
+	// and at each Wake: a caller of Progress returns when it moved.
+	progress  atomic.Uint64
 	seenCalls uint64        // nextCalls when the completion goroutine last looked
 	kick      chan struct{} // wakes a completion goroutine standing aside
+	kicked    atomic.Bool   // a goroutine waits for a completion it does not poll for (seam.Kick)
 	aside     *time.Timer
 	asideFor  time.Duration // the current stand-aside back-off
 
@@ -270,6 +286,9 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 		pollDone: make(chan struct{}), done: make(chan struct{})}
 	if cfg.SRQ != nil {
 		ep.srq = cfg.SRQ.(*SRQ)
+	}
+	if cfg.Handler != nil {
+		ep.handle, ep.handleEnd = cfg.Handler.(func(Completion)), cfg.HandlerEnd
 	}
 	if err := ep.create(vctx); err != nil {
 		return nil, nil, err

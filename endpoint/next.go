@@ -4,6 +4,8 @@ import (
 	"context"
 	"runtime"
 	"time"
+
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // While callers of Next poll, the completion goroutine looks again whether
@@ -65,7 +67,7 @@ func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
 		return delivered(c, ok)
 	default:
 	}
-	if c, got, err := ep.await(ctx); got || err != nil {
+	if c, got, err := ep.await(ctx, ep.poller.progress.Load()); got || err != nil {
 		return c, err
 	}
 	select {
@@ -86,19 +88,24 @@ func delivered(c Completion, ok bool) (Completion, error) {
 // await waits for a completion in the caller's goroutine: it spins (busy
 // and hybrid modes), then waits on the completion channel (hybrid and
 // event modes). It returns got or err, or neither when the endpoint is
-// closing: the channel then has what is left, and its close.
-func (ep *Endpoint) await(ctx context.Context) (c Completion, got bool, err error) {
+// closing: the channel then has what is left, and its close. In handler
+// mode, got means completions were handled (by this call or another)
+// since progress stood at since, or Wake was called; c is then empty.
+func (ep *Endpoint) await(ctx context.Context, since uint64) (c Completion, got bool, err error) {
 	p := &ep.poller
 	p.callers.Add(1)
 	defer func() {
 		// Leaving without a completion, the caller will sleep on the
 		// channel or give up: the completion goroutine must poll again.
-		if p.callers.Add(-1) == 0 && !got {
+		// Leaving with one, it will most likely be back; unless a
+		// goroutine waits for a completion it does not poll for itself
+		// (Kick), which must not wait for the stand-aside to end.
+		if p.callers.Add(-1) == 0 && (!got || p.kicked.Swap(false)) {
 			p.wake()
 		}
 	}()
 	if ep.mode != PollEvent {
-		if c, got, err = ep.spin(ctx); got || err != nil || ep.mode == PollBusy {
+		if c, got, err = ep.spin(ctx, since); got || err != nil || ep.mode == PollBusy {
 			return c, got, err
 		}
 	}
@@ -132,10 +139,13 @@ func (ep *Endpoint) await(ctx context.Context) (c Completion, got bool, err erro
 			return c, true, err
 		default:
 		}
+		if p.progress.Load() != since {
+			return Completion{}, true, nil
+		}
 		if err := ctx.Err(); err != nil {
 			return Completion{}, false, err
 		}
-		_, c, handed, werr := ep.waitEvent(ctx, true, deadline)
+		_, c, handed, werr := ep.waitEvent(ctx, true, since, deadline)
 		if handed {
 			return c, true, nil
 		}
@@ -150,14 +160,15 @@ func (ep *Endpoint) await(ctx context.Context) (c Completion, got bool, err erro
 }
 
 // spin polls the CQ in the caller's goroutine until a completion is ready
-// (got), ctx ends (err), or, with PollHybrid, the spin time has passed.
-func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error) {
+// (got; in handler mode, progress moved from since), ctx ends (err), or,
+// with PollHybrid, the spin time has passed.
+func (ep *Endpoint) spin(ctx context.Context, since uint64) (c Completion, got bool, err error) {
 	var start time.Time
 	if ep.mode == PollHybrid {
 		start = time.Now()
 	}
 	for i := pollsPerCall; ; i += pollsPerCall {
-		if _, c, handed := ep.pollFor(true); handed {
+		if _, c, handed := ep.pollFor(true); handed || ep.poller.progress.Load() != since {
 			return c, true, nil
 		}
 		// Completions reach the channel when another goroutine polled;
@@ -182,6 +193,32 @@ func (ep *Endpoint) spin(ctx context.Context) (c Completion, got bool, err error
 			runtime.Gosched()
 		}
 	}
+}
+
+func init() {
+	seam.ProgressMark = func(ep any) uint64 { return ep.(*Endpoint).poller.progress.Load() }
+	seam.Progress = func(ep any, ctx context.Context, mark uint64) error {
+		return ep.(*Endpoint).progressFor(ctx, mark)
+	}
+	seam.Wake = func(ep any) {
+		e := ep.(*Endpoint)
+		e.poller.progress.Add(1)
+		e.interruptWait(false)
+	}
+	seam.Kick = func(ep any) { ep.(*Endpoint).poller.kickPoller() }
+}
+
+// progressFor is seam.Progress: a Next for a handler-mode endpoint, whose
+// completions go to the handler in whichever goroutine polls. It waits in
+// the caller's goroutine as Next does, so the completion a caller waits
+// for is handled there, without a goroutine hand-off.
+func (ep *Endpoint) progressFor(ctx context.Context, mark uint64) error {
+	ep.poller.nextCalls.Add(1)
+	_, got, err := ep.await(ctx, mark)
+	if !got && err == nil {
+		return ErrClosed // closing: the completion goroutine handles what is left
+	}
+	return err
 }
 
 // callersPolling says whether a caller polls in Next now or has called
@@ -210,11 +247,23 @@ func (p *cqPoller) standAside() {
 	case <-p.kick:
 		p.aside.Stop()
 		p.asideFor = 0
+		p.kicked.Store(false)
 		// Whoever kicked left Next without a completion and now waits
 		// for this goroutine: the Next calls so far must not make it
 		// stand aside again on its next look.
 		p.seenCalls = p.nextCalls.Load()
 	case <-p.aside.C:
+	}
+}
+
+// kickPoller is seam.Kick: a goroutine is about to wait for a completion it
+// will not poll for. While a caller of Progress polls, that caller will
+// handle it; otherwise, or once the last such caller leaves, the
+// completion goroutine must poll now rather than stand aside.
+func (p *cqPoller) kickPoller() {
+	p.kicked.Store(true)
+	if p.callers.Load() == 0 {
+		p.wake()
 	}
 }
 

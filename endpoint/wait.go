@@ -16,10 +16,11 @@ const closingWait = 10 * time.Millisecond
 // before the arm raises no event) and, when that finds nothing, waits for
 // the completion channel's next event until deadline (zero: none). The
 // caller holds poller.role: a caller of Next (forCaller, waiting until ctx
-// ends) or the completion goroutine, which does not wait while a caller of
-// Next wants the role. It returns the poll's result; err is the wait's
-// (os.ErrDeadlineExceeded when it was cut short, which the caller sorts out).
-func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, deadline time.Time) (n int, c Completion, handed bool, err error) {
+// ends or, in handler mode, progress moves from since) or the completion
+// goroutine, which does not wait while a caller of Next wants the role.
+// It returns the poll's result; err is the wait's (os.ErrDeadlineExceeded
+// when it was cut short, which the caller sorts out).
+func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, since uint64, deadline time.Time) (n int, c Completion, handed bool, err error) {
 	if err := ep.cq.ReqNotify(false); err != nil {
 		ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
 	}
@@ -43,7 +44,7 @@ func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, deadline time
 	// (another goroutine polled, or the delivery goroutine caught up).
 	var skip bool
 	if forCaller {
-		skip = ctx.Err() != nil || len(ep.queue.out) > 0
+		skip = ctx.Err() != nil || len(ep.queue.out) > 0 || p.progress.Load() != since
 		p.callerWaiting = !skip
 	} else {
 		skip = p.callers.Load() > 0

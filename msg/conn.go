@@ -138,29 +138,30 @@ type Conn struct {
 	inbox chan arrival
 	// router sees each arrival before the inbox (setRouter); nil: none.
 	router atomic.Pointer[func(arrival) bool]
-	// The peer's half-close: run holds its TypeCloseWrite (heldEOF) while
+	// The peer's half-close: handle holds its TypeCloseWrite (heldEOF) while
 	// rendezvous reads announced before it are in flight (rvReads), then
 	// puts it in the inbox after their messages; the first RecvMessage to
 	// take it closes eof, and every RecvMessage after returns io.EOF.
-	rvReads  int      // run's own
-	heldEOF  *arrival // run's own
-	eof      chan struct{}
-	eofOnce  sync.Once
-	done     chan struct{}
-	loopDone chan struct{}
+	rvReads     int      // handle's own
+	heldEOF     *arrival // handle's own
+	eof         chan struct{}
+	eofOnce     sync.Once
+	done        chan struct{}
+	handlerDone chan struct{} // the endpoint's last completion was handled (ended)
 	// recvEnded is closed once every message that arrived is in the inbox:
 	// a receive came back failed (the receive queue completes in order,
 	// so none after it arrived) and no rendezvous read is in flight, or
-	// run has ended. A reader of an ended connection waits for this, not
-	// for run's end, which waits out the endpoint's close timeout if the
-	// device never flushes some work request.
+	// the endpoint has ended. A reader of an ended connection waits for
+	// this, not for handlerDone, which waits out the endpoint's close
+	// timeout if the device never flushes some work request.
 	recvEnded   chan struct{}
 	recvEndOnce sync.Once
-	recvFlushed bool // run's own
+	recvFlushed bool // handle's own
 	ctrlDone    chan struct{}
 	closeOnce   sync.Once
 	closeErr    error
-	epClosing   sync.WaitGroup // the endpoint's Close, started by fail
+	epClosing   sync.WaitGroup // the endpoint's Close, started by closeEndpointLocked
+	epClose     bool           // it was started (under mu)
 }
 
 type pendingRendezvous struct {
@@ -193,7 +194,8 @@ type sendToken struct{}
 // posted: the time to its completion is the keepalive's round trip.
 type probeToken struct{ posted time.Time }
 
-func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hello, dialer bool) (*Conn, error) {
+// newConn makes the Conn of ep, whose completions b takes.
+func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool, peer hello, dialer bool) (*Conn, error) {
 	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(peer.bufSize), bufpool.Count(o.recvDepth))
 	if err != nil {
 		return nil, err
@@ -205,8 +207,8 @@ func newConn(ep *endpoint.Endpoint, o options, recvPool *bufpool.Pool, peer hell
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
-		loopDone: make(chan struct{}), recvEnded: make(chan struct{}), ctrlDone: make(chan struct{})}
-	go c.run()
+		handlerDone: make(chan struct{}), recvEnded: make(chan struct{}), ctrlDone: make(chan struct{})}
+	b.attach(c)
 	go c.controlLoop()
 	return c, nil
 }
@@ -251,6 +253,11 @@ func (o options) connOptions() []cm.Option {
 		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
 }
 
+// handledBy is the cm option that gives one connection's completions to b.
+func handledBy(b *binder) cm.Option {
+	return seam.WithHandler(b.handle, b.end).(cm.Option)
+}
+
 // Dial connects to a msg Listener at addr.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	o, err := newOptions(opts)
@@ -258,24 +265,28 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 		return nil, err
 	}
 	var pool *bufpool.Pool
+	b := new(binder)
 	dialOpts := []cm.DialOption{cm.WithSetup(postReceives(o, &pool)),
 		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode())}
 	for _, opt := range o.connOptions() {
 		dialOpts = append(dialOpts, opt)
 	}
+	dialOpts = append(dialOpts, handledBy(b))
 	ep, err := cm.Dial(ctx, addr, dialOpts...)
 	if err != nil {
+		b.discard()
 		abandon(pool)
 		return nil, err
 	}
 	peer, err := parseHello(ep.PrivateData())
 	if err == nil {
 		var c *Conn
-		if c, err = newConn(ep, o, pool, peer, true); err == nil {
+		if c, err = newConn(ep, b, o, pool, peer, true); err == nil {
 			return c, nil
 		}
 	}
-	ep.CloseAndDrain(nil)
+	ep.Close()
+	b.discard()
 	abandon(pool)
 	return nil, err
 }
@@ -423,16 +434,19 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	ctx, cancel := context.WithTimeout(l.ctx, handshakeTimeout)
 	defer cancel()
 	var pool *bufpool.Pool
+	b := new(binder)
 	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
-		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()))
+		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()), handledBy(b))
 	if err != nil {
+		b.discard()
 		abandon(pool)
 		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
 		return nil, nil
 	}
-	c, err := newConn(ep, l.o, pool, peer, false)
+	c, err := newConn(ep, b, l.o, pool, peer, false)
 	if err != nil {
-		ep.CloseAndDrain(nil)
+		ep.Close()
+		b.discard()
 		abandon(pool)
 		return nil, err
 	}
@@ -477,8 +491,18 @@ func (c *Conn) changes() <-chan struct{} {
 	return c.changed
 }
 
+// closeEndpointLocked starts the endpoint's Close, once, without waiting
+// for it: Close waits for the goroutine that polls the CQ, which may be
+// the caller (handle). Conn.Close waits for it. c.mu is held.
+func (c *Conn) closeEndpointLocked() {
+	if !c.epClose {
+		c.epClose = true
+		c.epClosing.Go(func() { c.ep.Close() })
+	}
+}
+
 // fail ends the connection with err (the first error wins) and closes the
-// endpoint: posted work flushes back to run, which frees it.
+// endpoint: posted work flushes back to handle, which frees it.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	first := c.err == nil
@@ -486,14 +510,14 @@ func (c *Conn) fail(err error) {
 		c.err = err
 		close(c.done)
 		c.signal()
-		// Posted work flushes back to run. The endpoint's Close is
+		// Posted work flushes back to handle. The endpoint's Close is
 		// started here, not waited for: it waits, up to its close
 		// timeout, for the device to flush every work request, and
 		// fail runs on callers' goroutines (a sender whose post the
 		// device refused), which must learn of the end at once.
 		// Conn.Close waits for it; started under mu, so that the
 		// fail Close makes comes after it.
-		c.epClosing.Go(func() { c.ep.Close() })
+		c.closeEndpointLocked()
 	}
 	c.mu.Unlock()
 	if first {
@@ -514,7 +538,7 @@ func (c *Conn) Close() error {
 		c.fail(ErrClosed)
 		errs := []error{c.ep.Close()}
 		c.epClosing.Wait()
-		<-c.loopDone
+		<-c.handlerDone
 		<-c.ctrlDone
 		// Messages nobody took: give their memory back.
 		for {
@@ -623,13 +647,24 @@ func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 }
 
 // recv is RecvMessage without the Message: the caller releases r.
+//
+// While the inbox is empty, recv drives the endpoint itself: the next
+// completion is polled for (or slept on) and handled in this goroutine,
+// so a message reaches its reader without a goroutine hand-off, and the
+// endpoint's completion goroutine stands aside meanwhile. Once the
+// endpoint is closing, recv waits for what is left instead.
 func (c *Conn) recv(ctx context.Context) (arrival, error) {
-	select {
-	case r := <-c.inbox:
-		return c.taken(r)
-	case <-c.eof:
-		return arrival{}, io.EOF
-	default:
+	for {
+		mark := seam.ProgressMark(c.ep) // before the look: what is handled after it ends Progress
+		if r, ok, err := c.ready(); ok {
+			return r, err
+		}
+		if err := seam.Progress(c.ep, ctx, mark); err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return arrival{}, ctxErr
+			}
+			break
+		}
 	}
 	select {
 	case r := <-c.inbox:
@@ -640,17 +675,27 @@ func (c *Conn) recv(ctx context.Context) (arrival, error) {
 		return arrival{}, ctx.Err()
 	case <-c.done:
 		<-c.recvEnded // messages that arrived before the end are all in the inbox now
-		select {
-		case r := <-c.inbox:
-			return c.taken(r)
-		case <-c.eof:
-			return arrival{}, io.EOF
-		default:
-			if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
-				return arrival{}, err
-			}
-			return arrival{}, io.EOF
+		if r, ok, err := c.ready(); ok {
+			return r, err
 		}
+		if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
+			return arrival{}, err
+		}
+		return arrival{}, io.EOF
+	}
+}
+
+// ready is what recv returns without waiting (ok): the next message in
+// the inbox, or io.EOF after the peer's CloseWrite.
+func (c *Conn) ready() (r arrival, ok bool, err error) {
+	select {
+	case r := <-c.inbox:
+		r, err = c.taken(r)
+		return r, true, err
+	case <-c.eof:
+		return arrival{}, true, io.EOF
+	default:
+		return arrival{}, false, nil
 	}
 }
 
@@ -661,7 +706,10 @@ func (c *Conn) taken(r arrival) (arrival, error) {
 		return r, nil
 	}
 	c.release(r)
-	c.eofOnce.Do(func() { close(c.eof) })
+	c.eofOnce.Do(func() {
+		close(c.eof)
+		seam.Wake(c.ep) // other readers, driving the endpoint, look at eof
+	})
 	return arrival{}, io.EOF
 }
 
@@ -699,6 +747,7 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 		}
 		ch := c.changes()
 		c.mu.Unlock()
+		seam.Kick(c.ep) // what this waits for comes with a completion nobody may be polling for
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -727,6 +776,7 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 		stop := context.AfterFunc(contextUntil(c.done), cancel)
 		defer stop()
 	}
+	seam.Kick(c.ep) // buffers come back with send completions
 	b, err := c.sendPool.Get(wait)
 	switch {
 	case err == nil:

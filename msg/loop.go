@@ -3,91 +3,102 @@ package msg
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
-// run reads the endpoint's completions for as long as it has any: received
-// messages go to the inbox, credits to the count, send buffers back to their
-// pool, rendezvous reads start and finish here. It never blocks on the
-// application: the inbox holds as many messages as there are receives.
-func (c *Conn) run() {
-	defer close(c.loopDone)
-	defer c.endReceives()
-	for comp := range c.ep.Completions() {
-		switch comp.Op {
-		case endpoint.OpSend:
-			switch tok := comp.Context.(type) {
-			case sendToken, probeToken:
-				c.sendPool.Put(comp.Buffer)
-				c.mu.Lock()
-				if p, ok := tok.(probeToken); ok && comp.Err == nil {
-					c.stats.KeepaliveRTT = time.Since(p.posted)
-				}
-				c.signal() // for flush
-				c.mu.Unlock()
-			}
-			switch {
-			case errors.Is(comp.Err, endpoint.ErrClosed):
-				// Flushed: the connection is over, but why (the peer's
-				// goodbye, a crash) is the receive side's to say, after
-				// every message that arrived before; the send and receive
-				// queues' completions are not ordered with each other.
-				// Closing the endpoint flushes the receives that say it.
-				c.ep.Close()
-			case comp.Err != nil:
-				c.fail(fmt.Errorf("msg: send: %w", comp.Err))
-			}
-		case endpoint.OpRecv:
-			if comp.Err != nil {
-				c.recvPool.Put(comp.Buffer)
-				c.fail(c.endError(comp.Err))
-				c.recvFlushed = true
-				c.endReceivesIfAllIn()
-				continue
-			}
-			if err := c.received(comp.Buffer, comp.Len); err != nil {
-				c.recvPool.Put(comp.Buffer)
-				c.fail(err)
-			}
-		case endpoint.OpRead:
-			rr := comp.Context.(*rendezvousRead)
+// handle takes one of the endpoint's completions (its handler): received
+// messages go to the inbox, credits to the count, send buffers back to
+// their pool, rendezvous reads start and finish here. The endpoint calls
+// it in whichever goroutine polls its CQ (its completion goroutine, or a
+// reader in recv), one completion at a time and in order, so it owns what
+// is marked run's own; it must never block: the inbox holds as many
+// messages as there are receives.
+func (c *Conn) handle(comp endpoint.Completion) {
+	switch comp.Op {
+	case endpoint.OpSend:
+		switch tok := comp.Context.(type) {
+		case sendToken, probeToken:
+			c.sendPool.Put(comp.Buffer)
 			c.mu.Lock()
-			c.reading--
-			// Silence counts from the end of the read, not from the last
-			// check: on rxe the READ runs inside the post call, which
-			// holds the endpoint for its length, so the control loop's
-			// own posts (and with them its checks) may have waited too.
-			c.lastRecv = time.Now()
-			c.mu.Unlock()
-			if comp.Err != nil {
-				rr.region.Close()
-				c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
-				c.rvReads--
-				c.endReceivesIfAllIn()
-				continue
+			if p, ok := tok.(probeToken); ok && comp.Err == nil {
+				c.stats.KeepaliveRTT = time.Since(p.posted)
 			}
-			c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region})
-			c.mu.Lock()
-			c.stats.RendezvousReceived++
-			c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
-			c.dones = append(c.dones, rr.info.RVID)
-			c.signal()
+			c.signal() // for flush
 			c.mu.Unlock()
-			if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
-				c.inbox <- *c.heldEOF // after every message announced before it
-				c.heldEOF = nil
-			}
-			c.endReceivesIfAllIn()
 		}
+		switch {
+		case errors.Is(comp.Err, endpoint.ErrClosed):
+			// Flushed: the connection is over, but why (the peer's
+			// goodbye, a crash) is the receive side's to say, after
+			// every message that arrived before; the send and receive
+			// queues' completions are not ordered with each other.
+			// Closing the endpoint flushes the receives that say it.
+			c.mu.Lock()
+			c.closeEndpointLocked()
+			c.mu.Unlock()
+		case comp.Err != nil:
+			c.fail(fmt.Errorf("msg: send: %w", comp.Err))
+		}
+	case endpoint.OpRecv:
+		if comp.Err != nil {
+			c.recvPool.Put(comp.Buffer)
+			c.fail(c.endError(comp.Err))
+			c.recvFlushed = true
+			c.endReceivesIfAllIn()
+			return
+		}
+		if err := c.received(comp.Buffer, comp.Len); err != nil {
+			c.recvPool.Put(comp.Buffer)
+			c.fail(err)
+		}
+	case endpoint.OpRead:
+		rr := comp.Context.(*rendezvousRead)
+		c.mu.Lock()
+		c.reading--
+		// Silence counts from the end of the read, not from the last
+		// check: on rxe the READ runs inside the post call, which
+		// holds the endpoint for its length, so the control loop's
+		// own posts (and with them its checks) may have waited too.
+		c.lastRecv = time.Now()
+		c.mu.Unlock()
+		if comp.Err != nil {
+			rr.region.Close()
+			c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
+			c.rvReads--
+			c.endReceivesIfAllIn()
+			return
+		}
+		c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region})
+		c.mu.Lock()
+		c.stats.RendezvousReceived++
+		c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
+		c.dones = append(c.dones, rr.info.RVID)
+		c.signal()
+		c.mu.Unlock()
+		if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
+			c.inbox <- *c.heldEOF // after every message announced before it
+			c.heldEOF = nil
+		}
+		c.endReceivesIfAllIn()
 	}
+}
+
+// ended runs once after the endpoint's last completion (its handler's
+// end): the endpoint is gone, closed here or because the peer left.
+func (c *Conn) ended() {
 	if c.heldEOF != nil { // a rendezvous read before it failed
 		c.recvPool.Put(c.heldEOF.buf)
 		c.heldEOF = nil
 	}
-	c.fail(c.endError(ErrClosed)) // the endpoint is gone (closed here, or the peer left)
+	c.fail(c.endError(ErrClosed))
+	c.endReceives()
+	close(c.handlerDone)
 }
 
 // deliver hands an arrived message to the router (setRouter) when it takes
@@ -103,7 +114,7 @@ func (c *Conn) deliver(r arrival) {
 
 // setRouter makes route the first to see every message that arrives from
 // now on; it takes (true) or leaves to the inbox (false). route runs in the
-// connection's completion loop: it must not block, and it owns what it
+// connection's completion handler (handle): it must not block, and it owns what it
 // takes (it releases it).
 func (c *Conn) setRouter(route func(arrival) bool) { c.router.Store(&route) }
 
@@ -112,7 +123,7 @@ func (c *Conn) setRouter(route func(arrival) bool) { c.router.Store(&route) }
 func (c *Conn) endReceives() { c.recvEndOnce.Do(func() { close(c.recvEnded) }) }
 
 // endReceivesIfAllIn calls endReceives once a receive has come back failed
-// (none after it arrived) and no rendezvous read is in flight; run's own.
+// (none after it arrived) and no rendezvous read is in flight; handle's own.
 func (c *Conn) endReceivesIfAllIn() {
 	if c.recvFlushed && c.rvReads == 0 {
 		c.endReceives()
@@ -267,6 +278,9 @@ func (c *Conn) controlLoop() {
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
 			ch := c.changes()
 			c.mu.Unlock()
+			if owed {
+				seam.Kick(c.ep) // the credit or buffer comes with a completion nobody may be polling for
+			}
 			select {
 			case <-ch:
 			case <-tick:
@@ -338,4 +352,72 @@ func (c *Conn) checkSilence(now time.Time) error {
 		return fmt.Errorf("%w for %v: %w", ErrPeerSilent, d.Round(time.Millisecond), ErrClosed)
 	}
 	return nil
+}
+
+// binder is a connection's completion handler from the moment its
+// endpoint exists, before its Conn does: completions that come first wait
+// in early, and attach hands them to the Conn, in order, before any later
+// one. If no Conn is ever attached (the set-up failed), discard puts their
+// buffers back.
+type binder struct {
+	c     atomic.Pointer[Conn]
+	mu    sync.Mutex
+	early []endpoint.Completion
+	ended bool // the endpoint's last completion came before the Conn
+}
+
+// handle is the endpoint's handler; it runs one completion at a time.
+func (b *binder) handle(comp endpoint.Completion) {
+	if c := b.c.Load(); c != nil {
+		c.handle(comp)
+		return
+	}
+	b.mu.Lock()
+	if c := b.c.Load(); c != nil { // attached meanwhile, after early was handed over
+		b.mu.Unlock()
+		c.handle(comp)
+		return
+	}
+	b.early = append(b.early, comp)
+	b.mu.Unlock()
+}
+
+// end is the endpoint's handler end.
+func (b *binder) end() {
+	b.mu.Lock()
+	c := b.c.Load()
+	if c == nil {
+		b.ended = true
+	}
+	b.mu.Unlock()
+	if c != nil {
+		c.ended()
+	}
+}
+
+// attach makes c the handler of what came and what comes.
+func (b *binder) attach(c *Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range b.early {
+		c.handle(b.early[i])
+	}
+	b.early = nil
+	if b.ended {
+		c.ended()
+	}
+	b.c.Store(c)
+}
+
+// discard puts back the buffers of what came for a Conn that was never
+// made; the endpoint is closed.
+func (b *binder) discard() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, comp := range b.early {
+		if comp.Buffer != nil {
+			seam.PutBack(comp.Buffer)
+		}
+	}
+	b.early = nil
 }

@@ -87,7 +87,7 @@ func (cl *Client) run() {
 }
 
 // route hands a response to its caller; false for any other message. The
-// connection's completion loop calls it for every arrival (setRouter), and
+// connection's completion handler calls it for every arrival (setRouter), and
 // run for those that arrived before the Client was made. It never blocks.
 func (cl *Client) route(m arrival) bool {
 	if m.typ != TypeResponse && m.typ != TypeError {
@@ -241,7 +241,7 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 }
 
 // serveConn serves c's calls: each request starts its handler from c's
-// completion loop (setRouter); this loop takes what arrived before, and
+// completion handler (setRouter); this loop takes what arrived before, and
 // ends the connection on anything but a request, or when it ends.
 func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()

@@ -12,6 +12,7 @@
 package seam
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -123,6 +124,12 @@ type EndpointConfig struct {
 	PD any
 	// LocalAddr and RemoteAddr are the connection's addresses.
 	LocalAddr, RemoteAddr net.Addr
+	// Handler, if set, is a func(endpoint.Completion) that takes every
+	// completion in place of Completions (those for a request's Notify
+	// still go there), and HandlerEnd runs once after the last (see
+	// endpoint's handler mode).
+	Handler    any
+	HandlerEnd func()
 }
 
 // Control is what package cm keeps to drive an endpoint's connection state.
@@ -146,6 +153,10 @@ var (
 	// count, or the first invalid one's error: for package msg, which owns
 	// some of them.
 	ConnOptions func(opts any) (cfg EndpointConfig, rnrRetrySet bool, err error)
+	// WithHandler returns a cm.Option that sets EndpointConfig.Handler
+	// and HandlerEnd: for package msg, whose connections take their
+	// completions in whichever goroutine polls.
+	WithHandler func(handler any, end func()) any
 )
 
 // Registered by package endpoint.
@@ -155,6 +166,24 @@ var (
 	// returns the *endpoint.Endpoint. onClose runs once after the QP, CQ
 	// and channel are destroyed (package cm destroys the id there).
 	NewEndpoint func(id *verbs.CMID, cfg EndpointConfig, onClose func() error) (any, *Control, error)
+	// ProgressMark is where a handler-mode *endpoint.Endpoint's progress
+	// stands: take it before looking at what the handler produces, and
+	// pass it to Progress, so that what is handled between the look and
+	// the call is not waited for in vain.
+	ProgressMark func(ep any) uint64
+	// Progress drives a handler-mode *endpoint.Endpoint from the
+	// caller's goroutine: it polls (and, as the endpoint's polling mode
+	// says, spins or sleeps) until a completion was handled since mark
+	// (by this call or another), or Wake was called. It returns ctx's
+	// error when ctx ends first, and an error matching ErrClosed once the
+	// endpoint is closing (its completions are then handled without it).
+	Progress func(ep any, ctx context.Context, mark uint64) error
+	// Wake makes every Progress in flight on ep return.
+	Wake func(ep any)
+	// Kick makes ep's completion goroutine poll now even if callers of
+	// Progress were seen lately: for a goroutine about to wait for a
+	// completion it will not drive itself.
+	Kick func(ep any)
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
