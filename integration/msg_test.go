@@ -919,16 +919,16 @@ func TestMsgSendRegion(t *testing.T) {
 	closed, err := bufpool.NewRegion(client.PD(), 1<<16, bufpool.RemoteRead)
 	require.NoError(t, err)
 	require.NoError(t, closed.Close())
-	for name, err := range map[string]error{
-		"not readable":      client.SendRegion(ctx, writeOnly, 1<<16),
-		"another PD":        client.SendRegion(ctx, others, 1<<16),
-		"closed":            client.SendRegion(ctx, closed, 1<<16),
-		"past its end":      client.SendRegion(ctx, region, size+1),
-		"a negative length": client.SendRegion(ctx, region, -1),
-		"nil":               client.SendRegion(ctx, nil, 1),
+	for name, refusal := range map[string]struct{ err, want error }{
+		"not readable":      {client.SendRegion(ctx, writeOnly, 1<<16), endpoint.ErrInvalid},
+		"another PD":        {client.SendRegion(ctx, others, 1<<16), endpoint.ErrInvalid},
+		"closed":            {client.SendRegion(ctx, closed, 1<<16), bufpool.ErrClosed},
+		"past its end":      {client.SendRegion(ctx, region, size+1), bufpool.ErrRange},
+		"a negative length": {client.SendRegion(ctx, region, -1), bufpool.ErrRange},
+		"nil":               {client.SendRegion(ctx, nil, 1), endpoint.ErrInvalid},
 	} {
-		require.Error(t, err, name)
-		t.Logf("%s: %v", name, err)
+		require.ErrorIs(t, refusal.err, refusal.want, name)
+		t.Logf("%s: %v", name, refusal.err)
 	}
 	dataSent := func(s msg.Stats) uint64 { return s.MessagesSent - s.CreditMessagesSent } // not keepalives
 	require.Equal(t, dataSent(after), dataSent(client.Stats()), "a refused SendRegion sends nothing")

@@ -937,7 +937,10 @@ func checkRendezvousSize(size int) error {
 // does, and above MaxInline without copying them: the peer reads them
 // straight from region (RDMA READ). region must be registered in the
 // connection's protection domain (bufpool.NewRegion(c.PD(), size,
-// bufpool.RemoteRead)); anything else is refused before a byte is sent.
+// bufpool.RemoteRead)); anything else is refused before a byte is sent,
+// with an error matching endpoint.ErrInvalid (a nil region, one the peer
+// may not read, one in another domain), bufpool.ErrClosed (a closed
+// region) or bufpool.ErrRange (n outside it).
 //
 // The bytes must not change until SendRegion returns. ctx bounds the wait
 // for a credit to offer them; once they are offered, the peer may be
@@ -946,7 +949,7 @@ func checkRendezvousSize(size int) error {
 // does. region stays the caller's: SendRegion never closes it.
 func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) error {
 	if region == nil {
-		return errorf("SendRegion of a nil region")
+		return fmt.Errorf("msg: SendRegion of a nil region: %w", endpoint.ErrInvalid)
 	}
 	_, domain, err := seam.BufferSGE(region.Buffer(), 0, n) // closed, or n out of range
 	if err != nil {
@@ -956,10 +959,10 @@ func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) er
 		return c.Send(ctx, region.Bytes()[:n])
 	}
 	if region.Access()&bufpool.RemoteRead == 0 {
-		return errorf("SendRegion of a region the peer may not read: register it with bufpool.RemoteRead")
+		return fmt.Errorf("msg: SendRegion of a region the peer may not read (register it with bufpool.RemoteRead): %w", endpoint.ErrInvalid)
 	}
 	if domain != seam.DomainOf(c.PD()) {
-		return errorf("SendRegion of a region registered in another protection domain than the connection's (Conn.PD)")
+		return fmt.Errorf("msg: SendRegion of a region registered in another protection domain than the connection's (Conn.PD): %w", endpoint.ErrInvalid)
 	}
 	if c.writeClosed.Load() {
 		return ErrWriteClosed
