@@ -212,6 +212,64 @@ func TestMsgSendsAreMostlyUnsignaled(t *testing.T) {
 	require.Equal(t, io.EOF, err)
 }
 
+// TestMsgConcurrentReadersTakeEveryMessage: a reader that finds the inbox
+// empty polls the CQ itself and handles what comes, so with several
+// readers on one side each message is handled by whichever polls, maybe
+// for another. None may be lost or taken twice, and every reader must
+// see the end. The peer sends at an uneven pace (the readers go idle and
+// sleep on the CQ), then half-closes. Keepalives are off, so a reader
+// that slept through what it waits for would sleep until the deadline,
+// not until the next keepalive.
+func TestMsgConcurrentReadersTakeEveryMessage(t *testing.T) {
+	for name, mode := range map[string]endpoint.PollMode{"event": endpoint.PollEvent, "busy": endpoint.PollBusy} {
+		t.Run(name, func(t *testing.T) {
+			ctx := testContext(t)
+			rxetest.CheckResources(t)
+			client, server, _ := msgPair(t, ctx, msg.WithCMOptions(cm.WithPolling(mode, 0)), msg.WithKeepalive(0, 0))
+			const readers, msgs = 3, 1000
+			var mu sync.Mutex
+			seen := make(map[uint32]int)
+			errs := make(chan error, readers)
+			var wg sync.WaitGroup
+			for range readers {
+				wg.Go(func() {
+					for {
+						m, err := server.Recv(ctx)
+						if err != nil {
+							if err == io.EOF {
+								err = nil
+							}
+							errs <- err
+							return
+						}
+						mu.Lock()
+						seen[binary.LittleEndian.Uint32(m)]++
+						mu.Unlock()
+					}
+				})
+			}
+			b := make([]byte, 4)
+			for i := range msgs {
+				binary.LittleEndian.PutUint32(b, uint32(i))
+				require.NoError(t, client.Send(ctx, b))
+				if i%50 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			require.NoError(t, client.CloseWrite())
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err, "every reader ends with io.EOF")
+			}
+			require.Len(t, seen, msgs, "every message arrived")
+			for i, n := range seen {
+				require.Equal(t, 1, n, "message %d taken once", i)
+			}
+		})
+	}
+}
+
 // sendThenClose sends n one-byte messages from one side, closes it, and
 // checks that the other side reads every one, in order.
 func sendThenClose(t *testing.T, ctx context.Context, from, to *msg.Conn, n int) {
