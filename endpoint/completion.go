@@ -266,7 +266,7 @@ func (ep *Endpoint) output(c Completion) {
 }
 
 // runHandler hands the poll's completions to the handler, in order, and
-// makes callers of Progress look: something was handled. The holder of
+// makes callers of Progress look (signalProgress): something was handled. The holder of
 // poller.mu calls it, or teardown once nothing polls.
 func (ep *Endpoint) runHandler() {
 	for i := range ep.handled {
@@ -274,6 +274,12 @@ func (ep *Endpoint) runHandler() {
 		ep.handled[i] = Completion{} // drop references for the GC
 	}
 	ep.handled = ep.handled[:0]
+	ep.signalProgress()
+}
+
+// signalProgress makes every caller of Progress in flight return: its
+// mark is behind now, and a caller waiting on the channel is cut short.
+func (ep *Endpoint) signalProgress() {
 	ep.poller.progress.Add(1)
 	ep.interruptWait(false)
 }

@@ -200,11 +200,7 @@ func init() {
 	seam.Progress = func(ep any, ctx context.Context, mark uint64) error {
 		return ep.(*Endpoint).progressFor(ctx, mark)
 	}
-	seam.Wake = func(ep any) {
-		e := ep.(*Endpoint)
-		e.poller.progress.Add(1)
-		e.interruptWait(false)
-	}
+	seam.Wake = func(ep any) { ep.(*Endpoint).signalProgress() }
 	seam.Kick = func(ep any) { ep.(*Endpoint).poller.kickPoller() }
 }
 

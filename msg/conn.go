@@ -215,8 +215,9 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 
 // postReceives is the cm setup step: the receives are posted before the
 // connection is, so the peer's first credits are real. The pool it makes
-// is stored in *pool; if the connection then fails, cm puts the posted
-// buffers back and abandon closes the pool.
+// is stored in *pool; if the connection then fails, the posted buffers
+// come back to the connection's binder (the endpoint's handler), and
+// abandon puts them back and closes the pool.
 func postReceives(o options, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
 	return func(ep *endpoint.Endpoint) error {
 		p, err := bufpool.New(ep.PD(), bufpool.Size(o.bufSize), bufpool.Count(o.recvDepth))
@@ -235,9 +236,12 @@ func postReceives(o options, pool **bufpool.Pool) func(*endpoint.Endpoint) error
 	}
 }
 
-// abandon frees the receive pool postReceives made after cm gave up on the
-// connection (cm has put the posted buffers back).
-func abandon(pool *bufpool.Pool) {
+// abandon frees what a connection that was never made holds, once its
+// endpoint is closed (cm gave up, or the handshake failed after it): the
+// buffers that came back to b go back to their pool, and the receive pool
+// postReceives made closes.
+func abandon(b *binder, pool *bufpool.Pool) {
+	b.discard()
 	if pool != nil {
 		pool.Close()
 	}
@@ -274,8 +278,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	dialOpts = append(dialOpts, handledBy(b))
 	ep, err := cm.Dial(ctx, addr, dialOpts...)
 	if err != nil {
-		b.discard()
-		abandon(pool)
+		abandon(b, pool)
 		return nil, err
 	}
 	peer, err := parseHello(ep.PrivateData())
@@ -286,8 +289,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 		}
 	}
 	ep.Close()
-	b.discard()
-	abandon(pool)
+	abandon(b, pool)
 	return nil, err
 }
 
@@ -438,16 +440,14 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
 		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()), handledBy(b))
 	if err != nil {
-		b.discard()
-		abandon(pool)
+		abandon(b, pool)
 		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
 		return nil, nil
 	}
 	c, err := newConn(ep, b, l.o, pool, peer, false)
 	if err != nil {
 		ep.Close()
-		b.discard()
-		abandon(pool)
+		abandon(b, pool)
 		return nil, err
 	}
 	return c, nil

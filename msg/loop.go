@@ -17,7 +17,7 @@ import (
 // their pool, rendezvous reads start and finish here. The endpoint calls
 // it in whichever goroutine polls its CQ (its completion goroutine, or a
 // reader in recv), one completion at a time and in order, so it owns what
-// is marked run's own; it must never block: the inbox holds as many
+// is marked handle's own; it must never block: the inbox holds as many
 // messages as there are receives.
 func (c *Conn) handle(comp endpoint.Completion) {
 	switch comp.Op {
@@ -357,8 +357,8 @@ func (c *Conn) checkSilence(now time.Time) error {
 // binder is a connection's completion handler from the moment its
 // endpoint exists, before its Conn does: completions that come first wait
 // in early, and attach hands them to the Conn, in order, before any later
-// one. If no Conn is ever attached (the set-up failed), discard puts their
-// buffers back.
+// one. If no Conn is ever attached (the set-up failed), abandon puts their
+// buffers back (discard).
 type binder struct {
 	c     atomic.Pointer[Conn]
 	mu    sync.Mutex

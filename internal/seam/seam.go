@@ -127,7 +127,8 @@ type EndpointConfig struct {
 	// Handler, if set, is a func(endpoint.Completion) that takes every
 	// completion in place of Completions (those for a request's Notify
 	// still go there), and HandlerEnd runs once after the last (see
-	// endpoint's handler mode).
+	// endpoint's handler mode). Its owner then puts back the buffers of a
+	// connection that fails: cm's CloseAndDrain finds none in the channel.
 	Handler    any
 	HandlerEnd func()
 }
