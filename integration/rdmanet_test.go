@@ -134,7 +134,7 @@ func TestRdmanetHTTP(t *testing.T) {
 // TestRdmanetCloseWrite: half-close as with TCP. The client writes 1 MiB
 // and calls CloseWrite; the server echoes until io.EOF and then closes;
 // the client reads back every byte, then io.EOF. A Write after CloseWrite
-// fails with msg.ErrWriteClosed.
+// fails with msg.ErrWriteClosed. The client's Stats count the messages.
 func TestRdmanetCloseWrite(t *testing.T) {
 	rxetest.CheckResources(t)
 	c1, c2, stop, err := rdmanetPair(t)
@@ -160,6 +160,49 @@ func TestRdmanetCloseWrite(t *testing.T) {
 	require.True(t, bytes.Equal(body, got), "%d bytes back of %d", len(got), len(body))
 	_, err = client.Write([]byte("late"))
 	require.ErrorIs(t, err, msg.ErrWriteClosed)
+	// The body went as whole messages, without rendezvous, and came
+	// back; the end of data is one more message each way.
+	st := client.Stats()
+	chunks := uint64(len(body) / (64 << 10)) // a Write's messages carry up to 64 KiB
+	require.GreaterOrEqual(t, st.MessagesSent, chunks+1)
+	require.GreaterOrEqual(t, st.MessagesReceived, chunks+1)
+	require.Zero(t, st.RendezvousSent)
+	require.GreaterOrEqual(t, st.Endpoint.SendRequests, st.MessagesSent)
+}
+
+// TestRdmanetSmallWritesCombine: while the reader reads nothing, small
+// Writes go one message each until the peer's receives are all taken, and
+// then into one held message, so that every one of them returns without
+// the reader. Once the reader reads, the held bytes follow; Close sends
+// them before its goodbye, and the reader gets every byte in order, then
+// io.EOF.
+func TestRdmanetSmallWritesCombine(t *testing.T) {
+	rxetest.CheckResources(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	writer := c1.(*rdmanet.Conn)
+	const writes, size = 600, 100 // 60 KB: more than 32 receives' worth of writes, less than one held message
+	body := make([]byte, writes*size)
+	pattern(body, 5)
+	// A Write that waited for the reader would wait forever: fail it.
+	require.NoError(t, writer.SetWriteDeadline(time.Now().Add(10*time.Second)))
+	for i := range writes {
+		n, err := writer.Write(body[i*size : (i+1)*size])
+		require.NoError(t, err, "write %d, with nobody reading", i)
+		require.Equal(t, size, n)
+	}
+	sent := writer.Stats().MessagesSent
+	require.Less(t, sent, uint64(writes/10), "the writes were not combined")
+	read := make(chan []byte, 1)
+	go func() {
+		got, _ := io.ReadAll(c2)
+		read <- got
+	}()
+	require.NoError(t, writer.Close())
+	got := <-read
+	require.True(t, bytes.Equal(body, got), "%d bytes read of %d", len(got), len(body))
+	require.Greater(t, writer.Stats().MessagesSent, sent, "the held bytes left after the reader read")
 }
 
 // Arith is the net/rpc service of TestRdmanetNetRPC.

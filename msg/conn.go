@@ -126,6 +126,7 @@ type Conn struct {
 	writeClosed atomic.Bool // set under mu; read without it too
 	eofOwed     bool
 	posting     atomic.Int32
+	stream      streamState // the byte stream's open message (stream.go)
 	// The dialer speaks first, as iWARP requires of the active side: it
 	// greets (greet, a credit message) as soon as the connection is up,
 	// and the accepting side sends nothing until it has heard it (mayTalk).
@@ -559,6 +560,7 @@ func (c *Conn) Close() error {
 		}
 		c.mu.Unlock()
 		c.rv.close()
+		c.dropStream()
 		errs = append(errs, c.recvPool.Close(), c.sendPool.Close())
 		c.closeErr = errors.Join(errs...)
 	})
@@ -575,6 +577,9 @@ func (c *Conn) sayGoodbye() {
 	c.mu.Lock()
 	c.closing = true
 	c.mu.Unlock()
+	if c.flushStream(ctx) != nil { // the stream's held bytes go before the goodbye
+		return
+	}
 	b, err := c.sendBuffer(ctx)
 	if err != nil {
 		return

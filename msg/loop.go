@@ -268,7 +268,12 @@ func (c *Conn) controlLoop() {
 			c.fail(silent)
 			return
 		}
-		eofDue := c.eofOwed && c.posting.Load() == 0
+		if m, ok := c.takeStreamLocked(); ok { // a credit came for the stream's held bytes
+			c.mu.Unlock()
+			c.postStream(m) // a refusal ends the connection
+			continue
+		}
+		eofDue := c.eofOwed && c.posting.Load() == 0 && c.streamEmptyLocked()
 		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
 		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 || keepaliveDue)
 		var b *bufpool.Buffer
@@ -277,8 +282,12 @@ func (c *Conn) controlLoop() {
 		}
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
 			ch := c.changes()
+			if !c.streamEmptyLocked() {
+				c.stream.watched = true // it may leave, and the end of data follow, once a copy or a post ends
+			}
+			kick := owed || c.streamWaitingLocked()
 			c.mu.Unlock()
-			if owed {
+			if kick {
 				seam.Kick(c.ep) // the credit or buffer comes with a completion nobody may be polling for
 			}
 			select {

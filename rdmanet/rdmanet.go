@@ -3,11 +3,11 @@
 // gRPC ride RDMA unchanged.
 //
 // A Conn is a msg connection underneath: writes travel as messages of up to
-// 64 KiB (coalesced by nothing but the caller's Write sizes), flow control
-// is msg's credits (a slow reader never causes a receiver-not-ready), and
-// Close says goodbye, so the peer's Read returns io.EOF after the last byte
-// (CloseWrite does the same for one direction); a peer that crashed gives
-// an error instead.
+// 64 KiB, each Write its own while the reader keeps up and small ones
+// combined while it does not (see Write); flow control is msg's credits (a
+// slow reader never causes a receiver-not-ready); and Close says goodbye,
+// so the peer's Read returns io.EOF after the last byte (CloseWrite does
+// the same for one direction). A peer that crashed gives an error instead.
 //
 // Deadlines follow net.Conn: a passed deadline fails pending and future
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
@@ -123,19 +124,25 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Write writes p to the stream, in messages of up to 64 KiB, and returns
-// once every one is sent (the peer's receive buffers hold them).
+// Write writes p to the stream, in messages of up to 64 KiB. It returns
+// once every byte is posted, or held to go with the next credit: while the
+// peer has receives free, each Write leaves at once; when it has none
+// (the reader is behind), Writes are combined into one message, up to
+// 64 KiB, which leaves as soon as the peer gives a receive back, and only
+// a Write that finds that message full waits. Close sends what is held
+// before it closes.
 func (c *Conn) Write(p []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	written := 0
+	most := min(chunk, c.c.MaxInline()) // the peer's buffers may be smaller than this side's
 	for written < len(p) {
-		n := min(len(p)-written, chunk)
+		n := min(len(p)-written, most)
 		ctx := c.writeDeadline.context()
 		if ctx.Err() != nil { // a passed deadline fails the call before it sends
 			return written, c.opError("write", ctx.Err(), ctx)
 		}
-		if err := c.c.Send(ctx, p[written:written+n]); err != nil {
+		if err := seam.WriteStream(c.c, ctx, p[written:written+n]); err != nil {
 			return written, c.opError("write", err, ctx)
 		}
 		written += n
@@ -173,6 +180,11 @@ func (c *Conn) CloseWrite() error {
 	}
 	return nil
 }
+
+// Stats is a snapshot of the connection's counters (messages, credits,
+// posts, doorbells, completions); safe to call at any time, also after
+// Close.
+func (c *Conn) Stats() msg.Stats { return c.c.Stats() }
 
 // LocalAddr is this side's address.
 func (c *Conn) LocalAddr() net.Addr { return c.c.LocalAddr() }

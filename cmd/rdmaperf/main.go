@@ -60,10 +60,14 @@ type result struct {
 	P99     float64 `json:"t_p99_us,omitempty"`
 	P999    float64 `json:"t_p999_us,omitempty"`
 	Calls   float64 `json:"calls_s,omitempty"`
-	// PerDoorbell is the client's send work requests per doorbell (rpc).
+	// Messages is the client's messages on the wire (stream tests): how
+	// far its writes were combined.
+	Messages uint64 `json:"messages_sent,omitempty"`
+	// PerDoorbell is the client's send work requests per doorbell (rpc,
+	// stream tests).
 	PerDoorbell float64 `json:"sends_per_doorbell,omitempty"`
-	// PerWakeup is the client's completions per CQ event (rpc, event or
-	// hybrid polling): what each wake-up of its completion goroutine carried.
+	// PerWakeup is the client's completions per CQ event (rpc and stream
+	// tests, event or hybrid polling): what each wake-up carried.
 	PerWakeup float64 `json:"completions_per_wakeup,omitempty"`
 	// connect: connections set up per second, and the teardown of all.
 	Conns      float64 `json:"conns_s,omitempty"`
@@ -233,7 +237,11 @@ func printResult(r result) {
 		return
 	}
 	if r.BW > 0 && !strings.HasSuffix(r.Test, "_lat") { // stream_lat reports both
-		fmt.Printf("%-12s %8d B %8d iters  BW average %9.2f MiB/s  MsgRate %.6f Mpps\n", r.Test, r.Size, r.Iters, r.BW, r.MsgRate)
+		fmt.Printf("%-12s %8d B %8d iters  BW average %9.2f MiB/s  MsgRate %.6f Mpps", r.Test, r.Size, r.Iters, r.BW, r.MsgRate)
+		if r.Messages > 0 {
+			fmt.Printf("  %d messages  %.2f sends/doorbell", r.Messages, r.PerDoorbell)
+		}
+		fmt.Println()
 		return
 	}
 	fmt.Printf("%-12s %8d B %8d iters  t_typical %8.2f us  t_avg %8.2f us  99%% %8.2f us  99.9%% %8.2f us (%s)\n",

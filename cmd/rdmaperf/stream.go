@@ -109,6 +109,9 @@ func streamClient(ctx context.Context, cfg config) (result, error) {
 		BW:      float64(xfers*cfg.size) / elapsed.Seconds() / (1 << 20),
 		Typical: float64(elapsed.Microseconds()) / float64(xfers)}
 	r.Avg = r.Typical
+	st := c.Stats()
+	r.Messages = st.MessagesSent
+	r.PerDoorbell, r.PerWakeup = st.Endpoint.SendsPerDoorbell(), st.Endpoint.CompletionsPerEvent()
 	return r, nil
 }
 

@@ -160,6 +160,15 @@ var (
 	WithHandler func(handler any, end func()) any
 )
 
+// Registered by package msg.
+var (
+	// WriteStream writes p, at most the *msg.Conn's MaxInline bytes, to
+	// its byte stream: consecutive writes may share a message, and it
+	// returns once p is posted or held for the next credit. Callers
+	// serialize their writes.
+	WriteStream func(c any, ctx context.Context, p []byte) error
+)
+
 // Registered by package endpoint.
 var (
 	// NewEndpoint creates the completion channel, CQ and RC QP on id

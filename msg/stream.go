@@ -1,0 +1,266 @@
+package msg
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
+)
+
+// A byte stream (package rdmanet's, through seam.WriteStream) is written as
+// TypeData messages whose boundaries mean nothing to its reader, so
+// consecutive writes may share a message. Every write is copied into the
+// connection's open stream message, which leaves at once while a credit is
+// free: a lone write waits for nothing, as before. A write that finds no
+// credit (the peer has not yet given back any of the receives this side may
+// fill) returns with its bytes held in the open message, and the writes
+// after it fill that message up, to MaxInline; it leaves with the next
+// credit, posted by whoever sees the credit first: a write, or the control
+// loop. Only a write that finds the open message full waits. This is what
+// TCP does with bytes its peer's window will not take yet, and for the same
+// reason: a reader that is behind then gets the bytes of many writes in
+// one message, for one receive, one credit and one doorbell.
+//
+// The open message and its state are under c.mu; only one write runs at a
+// time (the caller serializes them). stream.buf is the open message's send
+// buffer (nil: none), stream.n its payload bytes; filling: a write is
+// copying into it outside the lock; leaving: it was taken to be posted and
+// is not queued yet, so that nothing of the stream can overtake it.
+// watched: a goroutine waits for filling or leaving to end (streamWaitLocked);
+// only then do their ends signal, so that a write that leaves at once
+// wakes nobody (the control loop waits on every signal).
+type streamState struct {
+	buf                       *bufpool.Buffer
+	n                         int
+	filling, leaving, watched bool
+}
+
+func init() {
+	seam.WriteStream = func(c any, ctx context.Context, p []byte) error {
+		return c.(*Conn).writeStream(ctx, p)
+	}
+}
+
+// writeStream writes p (at most MaxInline bytes) to the stream: it returns
+// once p is posted or held in the open stream message. It fails as Send
+// does; bytes it held are sent later, or lost with the connection.
+func (c *Conn) writeStream(ctx context.Context, p []byte) error {
+	if c.writeClosed.Load() { // even after the connection ended, as send
+		return ErrWriteClosed
+	}
+	if len(p) > c.maxInline {
+		return fmt.Errorf("msg: stream write of %d bytes, more than MaxInline (%d): %w", len(p), c.maxInline, endpoint.ErrInvalid)
+	}
+	var spare *bufpool.Buffer // a send buffer this call took for a new open message
+	defer func() {
+		if spare != nil {
+			c.sendPool.Put(spare)
+		}
+	}()
+	waited := false
+	s := &c.stream
+	c.mu.Lock()
+	for {
+		if err := c.streamRefusalLocked(); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		switch {
+		case s.buf != nil && s.n+len(p) <= c.maxInline:
+			return c.appendStreamLocked(p)
+		case s.buf != nil: // full: it must leave first
+			w, err := c.moveStreamLocked(ctx)
+			if err != nil {
+				return err
+			}
+			if w && !waited {
+				waited = true
+				c.stats.CreditWaits++
+			}
+		case spare != nil:
+			s.buf, s.n, spare = spare, 0, nil
+		default:
+			c.mu.Unlock()
+			b, err := c.sendBuffer(ctx)
+			if err != nil {
+				return err
+			}
+			spare = b
+			c.mu.Lock()
+		}
+	}
+}
+
+// appendStreamLocked copies p into the open stream message, which has
+// room for it, and posts the message if it may leave now; c.mu is held on
+// entry and released. The copy runs outside the lock (filling), so that
+// the completion handler, which takes c.mu for every arrival, does not
+// wait for it.
+func (c *Conn) appendStreamLocked(p []byte) error {
+	s := &c.stream
+	at := HeaderSize + s.n
+	s.n += len(p)
+	s.filling = true
+	b := s.buf
+	c.mu.Unlock()
+	copy(b.Bytes()[at:], p)
+	c.mu.Lock()
+	s.filling = false
+	c.streamMovedLocked()
+	if c.err != nil { // it ended during the copy: Close drops the message
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	m, ok := c.takeStreamLocked()
+	c.mu.Unlock()
+	if ok {
+		return c.postStream(m)
+	}
+	if at == HeaderSize { // a message held from now on: its credit comes with a completion
+		seam.Kick(c.ep)
+	}
+	return nil
+}
+
+// streamMovedLocked wakes the goroutines waiting for the stream's open
+// message to move on, if any; c.mu is held.
+func (c *Conn) streamMovedLocked() {
+	if c.stream.watched {
+		c.stream.watched = false
+		c.signal()
+	}
+}
+
+// streamWaitLocked waits, as awaitChangeLocked, for a change that includes
+// the open stream message's filling or leaving ending.
+func (c *Conn) streamWaitLocked(ctx context.Context) error {
+	c.stream.watched = true
+	return c.awaitChangeLocked(ctx)
+}
+
+// streamRefusalLocked is why the stream takes no more bytes: the
+// connection ended, or Close or CloseWrite was called; c.mu is held.
+func (c *Conn) streamRefusalLocked() error {
+	if c.err != nil {
+		return c.err
+	}
+	return c.refuseLocked()
+}
+
+// awaitChangeLocked waits for a change (a credit, the open message gone),
+// the connection's end or ctx's; c.mu is held on entry, and on return
+// when the error is nil.
+func (c *Conn) awaitChangeLocked(ctx context.Context) error {
+	ch := c.changes()
+	c.mu.Unlock()
+	seam.Kick(c.ep) // the credit comes with a completion nobody may be polling for
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.mu.Lock()
+	return nil
+}
+
+// streamWaitingLocked says the open stream message waits for nothing but
+// a credit to leave; c.mu is held.
+func (c *Conn) streamWaitingLocked() bool {
+	s := &c.stream
+	return s.buf != nil && !s.filling && !s.leaving && c.err == nil
+}
+
+// streamEmptyLocked says no stream bytes wait to be queued; c.mu is held.
+func (c *Conn) streamEmptyLocked() bool { return c.stream.buf == nil && !c.stream.leaving }
+
+// takeStreamLocked takes the open stream message to post, if it can leave
+// now: a credit is free beyond the one kept for credit messages; c.mu is
+// held. The caller posts it with postStream.
+func (c *Conn) takeStreamLocked() (outgoing, bool) {
+	if !c.streamWaitingLocked() || !c.mayTalk || c.credits <= 1 {
+		return outgoing{}, false
+	}
+	s := &c.stream
+	h := Header{Type: TypeData, Length: uint32(s.n)}
+	c.takeCreditLocked(&h)
+	h.Encode(s.buf.Bytes())
+	m := outgoing{b: s.buf, h: h}
+	s.buf, s.n, s.leaving = nil, 0, true
+	return m, true
+}
+
+// postStream posts the stream message takeStreamLocked took, then
+// whatever was appended to the next one meanwhile, if it may leave too.
+// The error is the first refusal (which also ends the connection).
+func (c *Conn) postStream(m outgoing) error {
+	err := c.post(m)
+	for {
+		c.mu.Lock()
+		c.stream.leaving = false
+		ok := false
+		if err == nil {
+			m, ok = c.takeStreamLocked()
+		}
+		if !ok {
+			c.streamMovedLocked()
+			c.mu.Unlock()
+			return err
+		}
+		c.mu.Unlock()
+		err = c.post(m)
+	}
+}
+
+// flushStream waits until the open stream message has left, ctx ends or
+// the connection does.
+func (c *Conn) flushStream(ctx context.Context) error {
+	c.mu.Lock()
+	for !c.streamEmptyLocked() {
+		if c.err != nil {
+			c.mu.Unlock()
+			return c.err
+		}
+		if _, err := c.moveStreamLocked(ctx); err != nil {
+			return err
+		}
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// moveStreamLocked posts the open stream message if it may leave, or else
+// waits for a change that may let it (waited); c.mu is held on entry, and
+// on return when the error is nil.
+func (c *Conn) moveStreamLocked(ctx context.Context) (waited bool, err error) {
+	if m, ok := c.takeStreamLocked(); ok {
+		c.mu.Unlock()
+		if err := c.postStream(m); err != nil {
+			return false, err
+		}
+		c.mu.Lock()
+		return false, nil
+	}
+	return true, c.streamWaitLocked(ctx)
+}
+
+// dropStream gives the open stream message's buffer back, once no write
+// copies into it; the connection has ended.
+func (c *Conn) dropStream() {
+	c.mu.Lock()
+	for c.stream.filling {
+		c.stream.watched = true
+		ch := c.changes()
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
+	}
+	b := c.stream.buf
+	c.stream.buf, c.stream.n = nil, 0
+	c.mu.Unlock()
+	if b != nil {
+		c.sendPool.Put(b)
+	}
+}
