@@ -159,10 +159,15 @@ type Conn struct {
 	recvEndOnce sync.Once
 	recvFlushed bool // handle's own
 	ctrlDone    chan struct{}
-	closeOnce   sync.Once
-	closeErr    error
-	epClosing   sync.WaitGroup // the endpoint's Close, started by closeEndpointLocked
-	epClose     bool           // it was started (under mu)
+	// ctrlWake wakes the control loop when it has something to send
+	// (wakeControl). While it owes nothing, it waits on this alone, not
+	// on changed: most changes (every arriving message's credits) would
+	// wake it for nothing.
+	ctrlWake  chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+	epClosing sync.WaitGroup // the endpoint's Close, started by closeEndpointLocked
+	epClose   bool           // it was started (under mu)
 }
 
 type pendingRendezvous struct {
@@ -203,7 +208,7 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 	}
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
-		credits: peer.recvDepth, changed: make(chan struct{}), rvSend: map[uint64]*pendingRendezvous{},
+		credits: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
@@ -486,6 +491,15 @@ func (c *Conn) signal() {
 	}
 }
 
+// wakeControl wakes the control loop to look at what it owes; it never
+// blocks, and a wake-up sent while it runs is kept for its next wait.
+func (c *Conn) wakeControl() {
+	select {
+	case c.ctrlWake <- struct{}{}:
+	default:
+	}
+}
+
 // changes is the channel the next signal closes; c.mu is held.
 func (c *Conn) changes() <-chan struct{} {
 	c.watched = true
@@ -511,6 +525,7 @@ func (c *Conn) fail(err error) {
 		c.err = err
 		close(c.done)
 		c.signal()
+		c.wakeControl()
 		// Posted work flushes back to handle. The endpoint's Close is
 		// started here, not waited for: it waits, up to its close
 		// timeout, for the device to flush every work request, and
@@ -611,7 +626,7 @@ func (c *Conn) grant() {
 	c.mu.Lock()
 	c.toGrant++
 	if c.creditsDue() {
-		c.signal() // for the control goroutine
+		c.wakeControl()
 	}
 	c.mu.Unlock()
 }
@@ -732,7 +747,7 @@ func (c *Conn) CloseWrite() error {
 	}
 	if !c.writeClosed.Swap(true) {
 		c.eofOwed = true
-		c.signal()
+		c.wakeControl()
 	}
 	return nil
 }
@@ -841,9 +856,7 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []by
 	c.mu.Unlock()
 	err := c.sendMessage(ctx, typ, id, head, payload)
 	if c.posting.Add(-1) == 0 && c.writeClosed.Load() {
-		c.mu.Lock()
-		c.signal() // the control loop may send the end of data now
-		c.mu.Unlock()
+		c.wakeControl() // it may send the end of data now
 	}
 	return err
 }

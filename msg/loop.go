@@ -79,7 +79,7 @@ func (c *Conn) handle(comp endpoint.Completion) {
 		c.stats.RendezvousReceived++
 		c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
 		c.dones = append(c.dones, rr.info.RVID)
-		c.signal()
+		c.wakeControl()
 		c.mu.Unlock()
 		if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
 			c.inbox <- *c.heldEOF // after every message announced before it
@@ -160,10 +160,14 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	if !c.mayTalk { // the dialer's first message: this side may speak now
 		c.mayTalk = true
 		c.signal()
+		c.wakeControl()
 	}
-	if h.Credits > 0 || c.creditsDue() { // sends may go, or the peer is starving
+	if h.Credits > 0 { // sends may go
 		c.credits += int(h.Credits)
 		c.signal()
+	}
+	if c.creditsDue() { // the peer may be starving
+		c.wakeControl()
 	}
 	c.mu.Unlock()
 	switch h.Type {
@@ -281,9 +285,15 @@ func (c *Conn) controlLoop() {
 			b, _ = c.sendPool.TryGet()
 		}
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
-			ch := c.changes()
-			if !c.streamEmptyLocked() {
-				c.stream.watched = true // it may leave, and the end of data follow, once a copy or a post ends
+			// Owing, it waits for a credit or a buffer; with stream
+			// bytes held, for a credit or the end of a copy or a post.
+			// Otherwise for work (wakeControl) or the tick alone.
+			var ch <-chan struct{}
+			if owed || !c.streamEmptyLocked() {
+				ch = c.changes()
+				if !c.streamEmptyLocked() {
+					c.stream.watched = true
+				}
 			}
 			kick := owed || c.streamWaitingLocked()
 			c.mu.Unlock()
@@ -292,6 +302,7 @@ func (c *Conn) controlLoop() {
 			}
 			select {
 			case <-ch:
+			case <-c.ctrlWake:
 			case <-tick:
 			}
 			continue

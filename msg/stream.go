@@ -28,9 +28,9 @@ import (
 // buffer (nil: none), stream.n its payload bytes; filling: a write is
 // copying into it outside the lock; leaving: it was taken to be posted and
 // is not queued yet, so that nothing of the stream can overtake it.
-// watched: a goroutine waits for filling or leaving to end (streamWaitLocked);
-// only then do their ends signal, so that a write that leaves at once
-// wakes nobody (the control loop waits on every signal).
+// watched: a goroutine waits for filling or leaving to end (streamWaitLocked,
+// or the control loop while bytes are held); only then do their ends
+// signal, so that a write that leaves at once wakes nobody.
 type streamState struct {
 	buf                       *bufpool.Buffer
 	n                         int
@@ -119,8 +119,8 @@ func (c *Conn) appendStreamLocked(p []byte) error {
 	if ok {
 		return c.postStream(m)
 	}
-	if at == HeaderSize { // a message held from now on: its credit comes with a completion
-		seam.Kick(c.ep)
+	if at == HeaderSize { // a message held from now on: the control loop sends it when a credit comes
+		c.wakeControl()
 	}
 	return nil
 }
