@@ -65,10 +65,11 @@ var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "s
 	"stream_bw", "stream_lat", "rendezvous", "ud_bw"}
 
 // fixedSizes are the sizes of the tests that run one, the issues': 64 KiB
-// writes for stream bandwidth, 64 B ping-pong for stream latency, 8 MiB
+// writes for stream bandwidth (and 1 KiB, where small writes are
+// combined), 64 B ping-pong for stream latency, 8 MiB
 // messages for rendezvous, 64 B and rxe's MTU for datagrams; the verbs
 // tests run every size.
-var fixedSizes = map[string][]int{"stream_bw": {65536}, "stream_lat": {64}, "rendezvous": {8 << 20}, "ud_bw": {64, 4096}}
+var fixedSizes = map[string][]int{"stream_bw": {1024, 65536}, "stream_lat": {64}, "rendezvous": {8 << 20}, "ud_bw": {64, 4096}}
 
 // rendezvousAnchorSize is the ib_read_bw message size rendezvous is
 // compared with: RDMA READ at the size where it reaches its bandwidth.
@@ -420,7 +421,7 @@ func writeMarkdown(path string, rows []row, sections string, repeat int) error {
 		"Ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps); perftest busy-polls, " +
 		"except in the send_lat and read_lat rows with event polling, which are compared with perftest's own event mode (`-e`; ib_write_lat has none). " +
 		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets, its default " +
-		"non-blocking mode) in the perftest columns, in rstream's shape: 64 KiB writes one way then back, and a 64 B ping-pong; " +
+		"non-blocking mode) in the perftest columns, in rstream's shape: writes of 64 KiB (and 1 KiB) one way then back, and a 64 B ping-pong; " +
 		"bandwidth counts both directions, latency is the average time per transfer. " +
 		"rendezvous is msg's large messages, 8 MiB each sent in turn (the receiver pulls each with RDMA READ), against ib_read_bw at 1 MiB. ")
 	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate. "+
