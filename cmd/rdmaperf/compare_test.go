@@ -228,7 +228,9 @@ func TestParseCmtime(t *testing.T) {
 	require.Contains(t, md, "| teardown, ms (lower is better) | 400 | 600 | 1.50 |")
 	require.NotContains(t, md, "cmtime's queues", "no shallow run, no row")
 	md = connectTable(connectRow{Conns: 400, CmtimeConns: 500, ShallowConns: 450, ConnsRuns: []float64{400},
-		CmtimeConnsRuns: []float64{500}, ShallowConnsRuns: []float64{450}})
+		CmtimeConnsRuns: []float64{500}, ShallowConnsRuns: []float64{450},
+		CmtimeTeardownMs: 400, ShallowTeardownMs: 500, CmtimeTeardownRuns: []float64{400}, ShallowTeardownRuns: []float64{500}})
 	require.Contains(t, md, "| set-up with cmtime's queues (1 deep), connections/s | 500 | 450 | 0.90 |")
+	require.Contains(t, md, "| teardown with cmtime's queues (1 deep), ms | 400 | 500 | 1.25 |")
 	require.Empty(t, connectTable(connectRow{}), "no run, no section")
 }

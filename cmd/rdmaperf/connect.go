@@ -145,15 +145,16 @@ func parseCmtime(text string) (map[string]float64, error) {
 }
 
 // connectRow is our set-up rate and teardown time against cmtime's, each
-// the median of its runs. ShallowConns is our rate with cmtime's queue
-// depth (1): what the library costs beyond the queues it makes.
+// the median of its runs. The Shallow figures are ours with cmtime's queue
+// depth (1): what the library costs beyond the queues it makes and
+// destroys.
 type connectRow struct {
-	Conns, CmtimeConns               float64
-	TeardownMs, CmtimeTeardownMs     float64
-	ShallowConns                     float64
-	ConnsRuns, CmtimeConnsRuns       []float64
-	TeardownRuns, CmtimeTeardownRuns []float64
-	ShallowConnsRuns                 []float64
+	Conns, CmtimeConns                    float64
+	TeardownMs, CmtimeTeardownMs          float64
+	ShallowConns, ShallowTeardownMs       float64
+	ConnsRuns, CmtimeConnsRuns            []float64
+	TeardownRuns, CmtimeTeardownRuns      []float64
+	ShallowConnsRuns, ShallowTeardownRuns []float64
 }
 
 // cmtimeDepth is the send and receive queue depth of cmtime's QPs.
@@ -178,14 +179,14 @@ func compareConnect(ctx context.Context, self, host string, nextPort func() int,
 		if err != nil {
 			return r, fmt.Errorf("connect at depth %d: %w", cmtimeDepth, err)
 		}
-		r.ShallowConnsRuns = append(r.ShallowConnsRuns, res.Conns)
+		r.ShallowConnsRuns, r.ShallowTeardownRuns = append(r.ShallowConnsRuns, res.Conns), append(r.ShallowTeardownRuns, res.TeardownMs)
 	}
 	r.Conns, r.CmtimeConns, r.ShallowConns = median(r.ConnsRuns), median(r.CmtimeConnsRuns), median(r.ShallowConnsRuns)
-	r.TeardownMs, r.CmtimeTeardownMs = median(r.TeardownRuns), median(r.CmtimeTeardownRuns)
-	fmt.Printf("connect %d: %6.0f conn/s  cmtime %6.0f conn/s  ratio %.2f  teardown %6.0f ms  cmtime %6.0f ms  runs %s / %s, %s / %s; depth %d: %6.0f conn/s (%s)\n",
+	r.TeardownMs, r.CmtimeTeardownMs, r.ShallowTeardownMs = median(r.TeardownRuns), median(r.CmtimeTeardownRuns), median(r.ShallowTeardownRuns)
+	fmt.Printf("connect %d: %6.0f conn/s  cmtime %6.0f conn/s  ratio %.2f  teardown %6.0f ms  cmtime %6.0f ms  runs %s / %s, %s / %s; depth %d: %6.0f conn/s (%s), teardown %6.0f ms (%s)\n",
 		connectIters, r.Conns, r.CmtimeConns, ratioOf(r.Conns, r.CmtimeConns), r.TeardownMs, r.CmtimeTeardownMs,
 		spread(r.ConnsRuns), spread(r.CmtimeConnsRuns), spread(r.TeardownRuns), spread(r.CmtimeTeardownRuns),
-		cmtimeDepth, r.ShallowConns, spread(r.ShallowConnsRuns))
+		cmtimeDepth, r.ShallowConns, spread(r.ShallowConnsRuns), r.ShallowTeardownMs, spread(r.ShallowTeardownRuns))
 	return r, nil
 }
 
@@ -216,5 +217,9 @@ func connectTable(r connectRow) string {
 	}
 	fmt.Fprintf(&b, "| teardown, ms (lower is better) | %.0f | %.0f | %.2f | %s | %s |\n",
 		r.CmtimeTeardownMs, r.TeardownMs, ratioOf(r.TeardownMs, r.CmtimeTeardownMs), spreadInt(r.CmtimeTeardownRuns), spreadInt(r.TeardownRuns))
+	if len(r.ShallowTeardownRuns) > 0 {
+		fmt.Fprintf(&b, "| teardown with cmtime's queues (%d deep), ms | %.0f | %.0f | %.2f | %s | %s |\n",
+			cmtimeDepth, r.CmtimeTeardownMs, r.ShallowTeardownMs, ratioOf(r.ShallowTeardownMs, r.CmtimeTeardownMs), spreadInt(r.CmtimeTeardownRuns), spreadInt(r.ShallowTeardownRuns))
+	}
 	return b.String()
 }
