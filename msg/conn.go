@@ -765,16 +765,26 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 		if ready() {
 			return nil
 		}
-		ch := c.changes()
-		c.mu.Unlock()
-		seam.Kick(c.ep) // what this waits for comes with a completion nobody may be polling for
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := c.awaitChangeLocked(ctx); err != nil {
+			return err
 		}
-		c.mu.Lock()
 	}
+}
+
+// awaitChangeLocked waits for the next change (signal), the connection's
+// end or ctx's; c.mu is held on entry, and on return when the error is
+// nil.
+func (c *Conn) awaitChangeLocked(ctx context.Context) error {
+	ch := c.changes()
+	c.mu.Unlock()
+	seam.Kick(c.ep) // what this waits for comes with a completion nobody may be polling for
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.mu.Lock()
+	return nil
 }
 
 // sendBuffer takes a send buffer, waiting until one is free, ctx ends or

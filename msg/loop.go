@@ -289,11 +289,12 @@ func (c *Conn) controlLoop() {
 			// bytes held, for a credit or the end of a copy or a post.
 			// Otherwise for work (wakeControl) or the tick alone.
 			var ch <-chan struct{}
-			if owed || !c.streamEmptyLocked() {
+			held := !c.streamEmptyLocked()
+			if owed || held {
 				ch = c.changes()
-				if !c.streamEmptyLocked() {
-					c.stream.watched = true
-				}
+			}
+			if held {
+				c.stream.watched = true
 			}
 			kick := owed || c.streamWaitingLocked()
 			c.mu.Unlock()

@@ -150,22 +150,6 @@ func (c *Conn) streamRefusalLocked() error {
 	return c.refuseLocked()
 }
 
-// awaitChangeLocked waits for a change (a credit, the open message gone),
-// the connection's end or ctx's; c.mu is held on entry, and on return
-// when the error is nil.
-func (c *Conn) awaitChangeLocked(ctx context.Context) error {
-	ch := c.changes()
-	c.mu.Unlock()
-	seam.Kick(c.ep) // the credit comes with a completion nobody may be polling for
-	select {
-	case <-ch:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c.mu.Lock()
-	return nil
-}
-
 // streamWaitingLocked says the open stream message waits for nothing but
 // a credit to leave; c.mu is held.
 func (c *Conn) streamWaitingLocked() bool {
