@@ -50,7 +50,7 @@ func (ep *Endpoint) pollLoop() {
 			// the CPU from them, a second waiter cannot wait.
 			p.standAside()
 			continue
-		case !closing && (ep.mode == PollBusy ||
+		case !closing && ep.spinsInBackground() && (ep.mode == PollBusy ||
 			ep.mode == PollHybrid && time.Since(lastWork) < ep.cfg.Spin):
 			// Spin, but let the goroutines that consume and post run:
 			// with few cores a tight loop would starve them until preempted.
@@ -80,6 +80,19 @@ func (ep *Endpoint) pollLoop() {
 	<-p.role
 	p.unwatch()
 	ep.teardown()
+}
+
+// spinsInBackground says whether the completion goroutine polls in the
+// endpoint's mode (busy, hybrid) when no caller polls. In handler mode it
+// does only while a goroutine waits for a completion it does not poll for
+// (seam.Kick): those who wait for completions spin for them themselves
+// (seam.Progress), and between their waits the completions of a busy or
+// hybrid endpoint wake the completion goroutine through the channel, as
+// in event mode. A spinner that nobody waits for would take a core from
+// the goroutines that copy and post, and from the device's own work on a
+// software device; an idle connection would keep a core busy.
+func (ep *Endpoint) spinsInBackground() bool {
+	return ep.handle == nil || ep.poller.waiting.Load() > 0
 }
 
 // takeEvent takes one event from the completion channel for fdwait: false

@@ -169,6 +169,7 @@ type cqPoller struct {
 	seenCalls uint64        // nextCalls when the completion goroutine last looked
 	kick      chan struct{} // wakes a completion goroutine standing aside
 	kicked    atomic.Bool   // a goroutine waits for a completion it does not poll for (seam.Kick)
+	waiting   atomic.Int32  // such goroutines now: from seam.Kick to seam.KickDone
 	aside     *time.Timer
 	asideFor  time.Duration // the current stand-aside back-off
 

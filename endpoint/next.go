@@ -202,6 +202,7 @@ func init() {
 	}
 	seam.Wake = func(ep any) { ep.(*Endpoint).signalProgress() }
 	seam.Kick = func(ep any) { ep.(*Endpoint).poller.kickPoller() }
+	seam.KickDone = func(ep any) { ep.(*Endpoint).poller.waiting.Add(-1) }
 }
 
 // progressFor is seam.Progress: a Next for a handler-mode endpoint, whose
@@ -257,6 +258,7 @@ func (p *cqPoller) standAside() {
 // handle it; otherwise, or once the last such caller leaves, the
 // completion goroutine must poll now rather than stand aside.
 func (p *cqPoller) kickPoller() {
+	p.waiting.Add(1)
 	p.kicked.Store(true)
 	if p.callers.Load() == 0 {
 		p.wake()

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -268,6 +269,42 @@ func TestMsgConcurrentReadersTakeEveryMessage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMsgIdleBusyConnectionSpinsNoCore: with busy polling, the goroutines
+// that wait on a msg connection spin for what they wait for, and nothing
+// spins while nobody waits. Both ends of an idle pair live in this
+// process: a completion goroutine spinning for nobody would take about a
+// core for each end over the idle stretch, and nothing else here works.
+// The pair must still answer at once afterwards.
+func TestMsgIdleBusyConnectionSpinsNoCore(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithCMOptions(cm.WithPolling(endpoint.PollBusy, 0)), msg.WithKeepalive(0, 0))
+	require.NoError(t, client.Send(ctx, []byte("warm")))
+	_, err := server.Recv(ctx)
+	require.NoError(t, err)
+
+	const idle = time.Second
+	before, start := processCPU(t), time.Now()
+	time.Sleep(idle)
+	used, elapsed := processCPU(t)-before, time.Since(start)
+	t.Logf("CPU %v over %v idle", used, elapsed)
+	require.Less(t, used, elapsed/4, "CPU while both ends of a busy-polling pair sat idle for %v", elapsed)
+
+	require.NoError(t, server.Send(ctx, []byte("still there")))
+	got, err := client.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "still there", string(got))
+}
+
+// processCPU is the CPU time this process has used so far, user and
+// system.
+func processCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
 }
 
 // sendThenClose sends n one-byte messages from one side, closes it, and

@@ -778,6 +778,7 @@ func (c *Conn) awaitChangeLocked(ctx context.Context) error {
 	ch := c.changes()
 	c.mu.Unlock()
 	seam.Kick(c.ep) // what this waits for comes with a completion nobody may be polling for
+	defer seam.KickDone(c.ep)
 	select {
 	case <-ch:
 	case <-ctx.Done():
@@ -808,6 +809,7 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 	}
 	seam.Kick(c.ep) // buffers come back with send completions
 	b, err := c.sendPool.Get(wait)
+	seam.KickDone(c.ep)
 	switch {
 	case err == nil:
 		return b, nil

@@ -306,6 +306,9 @@ func (c *Conn) controlLoop() {
 			case <-c.ctrlWake:
 			case <-tick:
 			}
+			if kick {
+				seam.KickDone(c.ep)
+			}
 			continue
 		}
 		h := Header{Type: TypeCredit}

@@ -66,6 +66,12 @@ func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
 // WithCMOptions passes connection options to cm.Dial and cm.Listen
 // (polling mode, logger, timeouts, a shared PD). Queue depths and the RNR
 // retry count are msg's own: Dial and Listen refuse options that set them.
+//
+// With busy or hybrid polling (cm.WithPolling), the goroutines that wait
+// on a connection (a reader, a caller, a sender waiting for a credit)
+// spin for what they wait for; between waits the connection's completions
+// are taken as in event mode, so a connection nobody waits on keeps no
+// core busy (a blocked Read or Recv is a wait).
 func WithCMOptions(opts ...cm.Option) Option {
 	return func(o *options) { o.cmOpts = append(o.cmOpts, opts...) }
 }

@@ -192,8 +192,14 @@ var (
 	Wake func(ep any)
 	// Kick makes ep's completion goroutine poll now even if callers of
 	// Progress were seen lately: for a goroutine about to wait for a
-	// completion it will not drive itself.
+	// completion it will not drive itself. Until the matching KickDone,
+	// the completion goroutine polls in the endpoint's mode (spinning, for
+	// busy and hybrid polling) for that waiter; with no such waiter it
+	// sleeps on the completion channel, whatever the mode, since a
+	// handler-mode endpoint's spinning is done by its callers of Progress.
 	Kick func(ep any)
+	// KickDone ends the wait a Kick began.
+	KickDone func(ep any)
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
