@@ -228,7 +228,10 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 						continue
 					}
 					v := r.BW
-					if lat {
+					switch {
+					case test == "stream_lat": // rstream reports the average
+						v = r.Avg
+					case lat:
 						v = r.Typical
 					}
 					ours[poll] = append(ours[poll], v)

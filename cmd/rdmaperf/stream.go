@@ -21,7 +21,9 @@ import (
 // transfers (rstream -I 1 -C iters), stream_lat -iters iterations of one
 // transfer (rstream -I iters -C 1). Both report rstream's figures: bytes
 // both ways over the time (MiB/s), and the time per transfer, one way
-// (µs, an average, as rstream's usec/xfer).
+// (µs, an average, as rstream's usec/xfer; what -compare compares).
+// stream_lat also times each round trip, as send_lat does, for the median
+// and the tail that the average hides.
 
 // streamShape is the test's iterations and transfers per iteration.
 func streamShape(cfg config) (iterations, transfers int) {
@@ -94,8 +96,9 @@ func streamClient(ctx context.Context, cfg config) (result, error) {
 		return result{}, err
 	}
 	iterations, transfers := streamShape(cfg)
-	start := time.Now()
+	stamps := make([]time.Time, 0, iterations+1)
 	for range iterations {
+		stamps = append(stamps, time.Now())
 		if err := streamSend(c, buf[:cfg.size], transfers); err != nil {
 			return result{}, err
 		}
@@ -103,12 +106,15 @@ func streamClient(ctx context.Context, cfg config) (result, error) {
 			return result{}, err
 		}
 	}
-	elapsed := time.Since(start)
+	stamps = append(stamps, time.Now())
+	elapsed := stamps[len(stamps)-1].Sub(stamps[0])
 	xfers := 2 * iterations * transfers
 	r := result{Test: cfg.test, Size: cfg.size, Iters: cfg.iters,
-		BW:      float64(xfers*cfg.size) / elapsed.Seconds() / (1 << 20),
-		Typical: float64(elapsed.Microseconds()) / float64(xfers)}
-	r.Avg = r.Typical
+		BW: float64(xfers*cfg.size) / elapsed.Seconds() / (1 << 20)}
+	if cfg.test == "stream_lat" {
+		summarize(gaps(stamps, 2), &r) // one way: half of each round trip
+	}
+	r.Avg = float64(elapsed.Microseconds()) / float64(xfers)
 	st := c.Stats()
 	r.Messages = st.MessagesSent
 	r.PerDoorbell, r.PerWakeup = st.Endpoint.SendsPerDoorbell(), st.Endpoint.CompletionsPerEvent()
