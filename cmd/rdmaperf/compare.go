@@ -55,16 +55,28 @@ var (
 
 // compareSet is what -compare runs: every test at every size by default;
 // -test and -sizes narrow it, -repeat takes the median of several runs.
+// sized: the sizes were given (-sizes, -size), and every test runs them,
+// those with fixed sizes too.
 type compareSet struct {
 	tests  []string
 	sizes  []int
+	sized  bool
 	repeat int
+}
+
+// sizesOf is the sizes test runs at.
+func (set compareSet) sizesOf(test string) []int {
+	if s, ok := fixedSizes[test]; ok && !set.sized {
+		return s
+	}
+	return set.sizes
 }
 
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
 	"stream_bw", "stream_lat", "rendezvous", "ud_bw"}
 
-// fixedSizes are the sizes of the tests that run one, the issues': 64 KiB
+// fixedSizes are the sizes of the tests that run one unless -sizes or
+// -size says otherwise, the issues': 64 KiB
 // writes for stream bandwidth (and 1 KiB, where small writes are
 // combined), 64 B ping-pong for stream latency, 8 MiB
 // messages for rendezvous, 64 B and rxe's MTU for datagrams; the verbs
@@ -182,11 +194,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		if test == "ud_bw" { // dgram's readers and writers wait on the channel: no mode to choose
 			polls = []string{"event"}
 		}
-		sizes := set.sizes
-		if s, ok := fixedSizes[test]; ok {
-			sizes = s
-		}
-		for _, size := range sizes {
+		for _, size := range set.sizesOf(test) {
 			iters := defaultIters(test, size)
 			pts := make(map[string][]float64) // by anchor mode
 			var ptRNR int64
@@ -247,7 +255,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 			}
 		}
 	}
-	if !slices.Equal(set.tests, deviceTests()) || !slices.Equal(set.sizes, compareSizes) {
+	if !slices.Equal(set.tests, deviceTests()) || set.sized {
 		return nil // a partial comparison is not written or followed by rpc
 	}
 	rpc, err := compareRPC(ctx, self, device, host, nextPort, set.repeat)

@@ -234,3 +234,14 @@ func TestParseCmtime(t *testing.T) {
 	require.Contains(t, md, "| teardown with cmtime's queues (1 deep), ms | 400 | 500 | 1.25 |")
 	require.Empty(t, connectTable(connectRow{}), "no run, no section")
 }
+
+func TestGivenSizesReplaceTheFixedOnes(t *testing.T) {
+	set := compareSet{tests: compareTests, sizes: compareSizes}
+	assert.Equal(t, []int{1024, 65536}, set.sizesOf("stream_bw"), "stream bandwidth runs the issue's sizes by default")
+	assert.Equal(t, compareSizes, set.sizesOf("send_bw"))
+
+	set.sizes, set.sized = []int{4096}, true
+	for _, test := range []string{"stream_bw", "stream_lat", "rendezvous", "send_lat"} {
+		assert.Equal(t, []int{4096}, set.sizesOf(test), "-sizes 4096 with -test %s", test)
+	}
+}

@@ -125,9 +125,9 @@ func main() {
 			case "test":
 				set.tests = strings.Split(*test, ",")
 			case "sizes":
-				set.sizes = sweep(*sizes)
+				set.sizes, set.sized = sweep(*sizes), true
 			case "size":
-				set.sizes = []int{*size}
+				set.sizes, set.sized = []int{*size}, true
 			}
 		})
 		if err := runCompare(ctx, set, *out); err != nil {
