@@ -14,6 +14,13 @@ import (
 
 var pastTime = time.Unix(1, 0)
 
+// closeQuiet is how long Close waits for the next flushed completion once
+// the QP is in the error state. The device flushes what it was given at
+// once; what is still owed after a quiet spell was posted after the QP
+// failed into a queue the device never looks at again (a receive reposted
+// on siw after the peer's close), and would hold Close for CloseTimeout.
+const closeQuiet = 100 * time.Millisecond
+
 // ackBatch: CQ events are acked in batches (ibv_ack_cq_events takes a mutex).
 const ackBatch = 64
 
@@ -24,7 +31,7 @@ const ackBatch = 64
 // the flushed work requests and tears the verbs objects down.
 func (ep *Endpoint) pollLoop() {
 	defer close(ep.pollDone)
-	var closeDeadline time.Time
+	var closeDeadline, quietSince time.Time
 	lastWork := time.Now()
 	p := &ep.poller
 	for {
@@ -34,10 +41,14 @@ func (ep *Endpoint) pollLoop() {
 		}
 		closing, owed := ep.closingState()
 		if closing {
+			now := time.Now()
 			if closeDeadline.IsZero() {
-				closeDeadline = time.Now().Add(ep.cfg.CloseTimeout)
+				closeDeadline = now.Add(ep.cfg.CloseTimeout)
 			}
-			if !owed || time.Now().After(closeDeadline) {
+			if n > 0 || quietSince.IsZero() && ep.qpFailed.Load() {
+				quietSince = now
+			}
+			if !owed || now.After(closeDeadline) || !quietSince.IsZero() && now.Sub(quietSince) > closeQuiet {
 				break
 			}
 		}

@@ -151,6 +151,10 @@ type Endpoint struct {
 	qpMu         sync.Mutex
 	disconnected bool
 	qpDestroyed  bool
+	// qpFailed: the QP is in the error state, so every work request
+	// posted before it got there completes promptly; Close waits no
+	// longer for one posted later (see closeQuiet).
+	qpFailed atomic.Bool
 }
 
 // cqPoller is the state of polling the CQ: who may poll it now, who
@@ -213,6 +217,11 @@ func (ep *Endpoint) disconnect() {
 	if err := ep.id.Disconnect(); err != nil {
 		ep.cfg.Logger.Debug().Err(err).Msg("rdma_disconnect")
 	}
+	if err := ep.id.FailQP(); err != nil {
+		ep.cfg.Logger.Debug().Err(err).Msg("moving the QP to the error state")
+		return
+	}
+	ep.qpFailed.Store(true)
 }
 
 type slot struct {

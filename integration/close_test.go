@@ -175,3 +175,46 @@ func TestCloseAfterUnsignaledSends(t *testing.T) {
 	require.ElementsMatch(t, []any{0, 1, 2, 3}, back, "each send's context, once")
 	clientPool.Put(b)
 }
+
+// TestCloseAfterReceivesPostedPastThePeer: receives posted between the
+// peer's close and its disconnect event find the QP failed already. siw
+// takes a receive without a system call, into a queue its kernel side
+// flushed when the QP failed and never reads again, so such a receive
+// never completes: Close must not wait out the close timeout for it. Each
+// context still comes back once, with ErrClosed.
+func TestCloseAfterReceivesPostedPastThePeer(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const depth = 256
+	p := connect(t, ctx, cm.WithCloseTimeout(2*time.Minute), cm.WithRecvDepth(depth))
+	pool := newPool(t, p.server, 64, depth)
+	// Post paced, from before the client's Close until the endpoint
+	// refuses, so that some posts fall after the QP failed.
+	closed := make(chan error, 1)
+	go func() { closed <- p.client.Close() }()
+	var posted []any
+	for i := range depth {
+		b, _ := pool.TryGet()
+		if err := p.server.PostRecv(i, b); err != nil {
+			require.ErrorIs(t, err, endpoint.ErrClosed)
+			require.NoError(t, pool.Put(b))
+			break
+		}
+		posted = append(posted, i)
+		time.Sleep(100 * time.Microsecond)
+	}
+	require.NoError(t, <-closed)
+	t.Logf("%d receives posted before the endpoint refused", len(posted))
+	<-p.server.Done()
+
+	start := time.Now()
+	require.NoError(t, p.server.Close())
+	require.Less(t, time.Since(start), 30*time.Second, "Close waited for receives that never complete")
+	var back []any
+	for c := range p.server.Completions() {
+		require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+		back = append(back, c.Context)
+		require.NoError(t, pool.Put(c.Buffer))
+	}
+	require.ElementsMatch(t, posted, back, "each receive's context, once")
+}

@@ -349,13 +349,28 @@ func (id *CMID) Reject(privateData []byte) error {
 	return nil
 }
 
-// Disconnect disconnects the connection; its QP moves to the error state
-// and outstanding work requests are flushed.
+// Disconnect disconnects the connection. On InfiniBand and RoCE its QP
+// moves to the error state and outstanding work requests are flushed; on
+// iWARP it moves to SQD (a graceful close) only: see FailQP.
 func (id *CMID) Disconnect() error {
 	if ret, err := C.rdma_disconnect(id.p); ret != 0 {
 		return callError("rdma_disconnect", err)
 	}
 	return nil
+}
+
+// FailQP moves the id's QP to the error state (a no-op without a QP, and
+// allowed from any state): the device flushes every work request it has
+// been given. A receive that userspace writes into a queue the device
+// maps (siw's, which takes no system call) after the QP failed is never
+// seen by the device, so it never completes.
+func (id *CMID) FailQP() error {
+	if id.p.qp == nil {
+		return nil
+	}
+	var attr C.struct_ibv_qp_attr
+	attr.qp_state = C.IBV_QPS_ERR
+	return retErrno("ibv_modify_qp(ERR)", C.ibv_modify_qp(id.p.qp, &attr, C.IBV_QP_STATE))
 }
 
 // Context is the device context the id is bound to (nil before binding or
