@@ -6,6 +6,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
@@ -22,6 +23,9 @@ type options struct {
 	keepalive        time.Duration
 	keepaliveTimeout time.Duration
 	rvCache          int // bytes of rendezvous regions kept registered
+	// polls: the connections poll their CQs (busy or hybrid polling), so
+	// spinning goroutines may hold every P (see outbox.post).
+	polls bool
 }
 
 // Option configures Dial, Listen and Conn.
@@ -52,6 +56,7 @@ func newOptions(opts []Option) (options, error) {
 	if cfg.SendDepth != 0 || cfg.RecvDepth != 0 || rnrRetrySet {
 		return o, errorf("WithCMOptions: queue depths and the RNR retry count are msg's own (set the receive depth with WithRecvDepth)")
 	}
+	o.polls = endpoint.PollMode(cfg.Poll) != endpoint.PollEvent
 	return o, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -29,6 +30,12 @@ type outbox struct {
 	queued  []outgoing
 	spare   []outgoing // the poster's last batch, kept for its capacity
 	posting bool       // a goroutine is posting; it empties queued before it stops
+	// shared: the last poster posted more than its own message. readied:
+	// goroutines made ready to send soon (an RPC caller handed its
+	// response, a server's handler started) that have not sent yet. Either
+	// means senders are concurrent: the next poster yields first (post).
+	shared  bool
+	readied atomic.Int32
 	reqs    []endpoint.Request
 	// unsignaled counts the messages posted unsignaled since the last
 	// signaled one; the poster's.
@@ -60,14 +67,23 @@ func (c *Conn) post(m outgoing) error {
 		return nil
 	}
 	q.posting = true
+	yield := c.o.polls || q.shared || q.readied.Load() > 0
 	q.mu.Unlock()
-	// Let the goroutines that are ready to run (callers just handed their
-	// responses, handlers just done) queue their messages behind this one
-	// first: they then share its doorbell. With nothing else ready to
-	// run, this returns at once.
-	runtime.Gosched()
+	// While senders are concurrent, let the goroutines that are ready to
+	// run (callers just handed their responses, handlers just done) queue
+	// their messages behind this one first: they then share its doorbell.
+	// With busy or hybrid polling, always: spinning goroutines may hold
+	// every P, and this yield is where the goroutines they crowd out (the
+	// completion goroutine, the control loop) get to run. Otherwise a lone
+	// sender (a stream's writer, a single caller) does not yield:
+	// runtime.Gosched wakes an idle thread to look for work, which would
+	// cost a thread wake-up per message and move the sender to it.
+	if yield {
+		runtime.Gosched()
+	}
 	q.mu.Lock()
 	var own error
+	posted := 0
 	for first := true; len(q.queued) > 0; first = false {
 		batch := q.queued
 		q.queued = q.spare[:0]
@@ -76,11 +92,12 @@ func (c *Conn) post(m outgoing) error {
 		if first && refused == 0 { // this goroutine's message is the first of the first batch
 			own = err
 		}
+		posted += len(batch)
 		clear(batch) // drop the buffers' references
 		q.mu.Lock()
 		q.spare = batch[:0]
 	}
-	q.posting = false
+	q.posting, q.shared = false, posted > 1
 	q.mu.Unlock()
 	return own
 }

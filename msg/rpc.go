@@ -99,7 +99,9 @@ func (cl *Client) route(m arrival) bool {
 	if ok {
 		// Under mu, so that a caller that gives up (and forgets its id
 		// under mu) either finds the response in ch or is never sent
-		// it. ch has room for its one response.
+		// it. ch has room for its one response. The caller is likely to
+		// call again: readied until it takes the response.
+		cl.c.out.readied.Add(1)
 		ch <- m
 	}
 	cl.mu.Unlock()
@@ -141,6 +143,7 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		forget()
 		select { // it came as ctx ended: its receive goes back
 		case m := <-ch:
+			cl.c.out.readied.Add(-1)
 			cl.c.release(m)
 		default:
 		}
@@ -165,6 +168,7 @@ var replyChans = sync.Pool{New: func() any { return make(chan arrival, 1) }}
 
 // response turns a reply into Call's result (a copy) and releases it.
 func (cl *Client) response(method string, m arrival) ([]byte, error) {
+	cl.c.out.readied.Add(-1) // route readied this caller; it runs
 	defer cl.c.release(m)
 	if m.typ == TypeError {
 		return nil, decodeError(method, m.payload)
@@ -285,6 +289,7 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
 	id := m.id
 	c.release(m) // the request is copied: the credit goes back now
 	s.callStarts()
+	c.out.readied.Add(1) // until its response is on its way
 	go func() {
 		failed := false
 		defer func() { s.callEnds(failed) }()
@@ -293,6 +298,7 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
 		if herr != nil {
 			typ, resp, failed = TypeError, encodeError(herr), true
 		}
+		c.out.readied.Add(-1)
 		c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
 	}()
 	return nil
