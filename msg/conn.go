@@ -698,11 +698,27 @@ func (c *Conn) recv(ctx context.Context) (arrival, error) {
 		if r, ok, err := c.ready(); ok {
 			return r, err
 		}
-		if err := c.Err(); !errors.Is(err, ErrPeerClosed) {
+		if err := c.endForReader(); !errors.Is(err, ErrPeerClosed) {
 			return arrival{}, err
 		}
 		return arrival{}, io.EOF
 	}
+}
+
+// endForReader is why the connection ended, as recv reports it once every
+// arrival is in the inbox: ErrPeerClosed when the peer said goodbye and
+// this side did not close, whatever ended the connection here first. The
+// peer disconnects right after its goodbye, and a message this side posts
+// meanwhile (a credit) may be refused by a queue pair the peer is tearing
+// down before the goodbye's completion is handled; the reader still has
+// every message the peer sent, so the end is orderly for it.
+func (c *Conn) endForReader() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.peerClosed && !errors.Is(c.err, ErrClosed) {
+		return ErrPeerClosed
+	}
+	return c.err
 }
 
 // ready is what recv returns without waiting (ok): the next message in
