@@ -203,6 +203,7 @@ func init() {
 	seam.Wake = func(ep any) { ep.(*Endpoint).signalProgress() }
 	seam.Kick = func(ep any) { ep.(*Endpoint).poller.kickPoller() }
 	seam.KickDone = func(ep any) { ep.(*Endpoint).poller.waiting.Add(-1) }
+	seam.SendsCompleteLocally = func(ep any) bool { return ep.(*Endpoint).dev.IWARP }
 }
 
 // progressFor is seam.Progress: a Next for a handler-mode endpoint, whose

@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,4 +163,34 @@ func benchPair(b *testing.B) *pair {
 		}
 	})
 	return &pair{client: client, server: server, listener: l}
+}
+
+// tcpResets reads the kernel's count of TCP connections it reset because
+// one side closed with data unread or received data after its close
+// (TcpExt TCPAbortOnClose and TCPAbortOnData in /proc/net/netstat). On
+// iWARP each is a connection whose last bytes may have been lost.
+func tcpResets(t *testing.T) map[string]int64 {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/net/netstat")
+	require.NoError(t, err)
+	var names []string
+	counts := map[string]int64{}
+	for line := range strings.Lines(string(raw)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != "TcpExt:" {
+			continue
+		}
+		if names == nil {
+			names = fields
+			continue
+		}
+		for i, v := range fields {
+			if i < len(names) && (names[i] == "TCPAbortOnClose" || names[i] == "TCPAbortOnData") {
+				counts[names[i]], err = strconv.ParseInt(v, 10, 64)
+				require.NoError(t, err)
+			}
+		}
+	}
+	require.Len(t, counts, 2, "TcpExt counters in /proc/net/netstat")
+	return counts
 }

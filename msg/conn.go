@@ -168,6 +168,9 @@ type Conn struct {
 	closeErr  error
 	epClosing sync.WaitGroup // the endpoint's Close, started by closeEndpointLocked
 	epClose   bool           // it was started (under mu)
+	// delivered: the completion of awaitDelivery's read, when it gave up
+	// waiting; Close's own, after the goodbye.
+	delivered chan endpoint.Completion
 }
 
 type pendingRendezvous struct {
@@ -553,6 +556,9 @@ func (c *Conn) Close() error {
 		c.sayGoodbye()
 		c.fail(ErrClosed)
 		errs := []error{c.ep.Close()}
+		if c.delivered != nil { // awaitDelivery gave up: the read's buffer comes back flushed
+			c.sendPool.Put((<-c.delivered).Buffer)
+		}
 		c.epClosing.Wait()
 		<-c.handlerDone
 		<-c.ctrlDone
@@ -610,7 +616,37 @@ func (c *Conn) sayGoodbye() {
 	if c.post(outgoing{b: b, h: h, last: true}) != nil {
 		return
 	}
-	c.flush(ctx)
+	if c.flush(ctx) == nil && seam.SendsCompleteLocally(c.ep) {
+		c.awaitDelivery(ctx)
+	}
+}
+
+// awaitDelivery waits, within ctx, until the peer holds every message
+// posted so far, where a send's completion does not say so (iWARP: TCP
+// took the bytes). An RDMA READ is answered only after the peer processed
+// every message before it, so a zero-length one proves delivery. Without
+// it, the disconnect after the goodbye may lose what TCP still holds:
+// siw resets the connection when it closes its socket with bytes from
+// the peer (credits, say) unread. Close takes the read's buffer back.
+func (c *Conn) awaitDelivery(ctx context.Context) {
+	b, err := c.sendBuffer(ctx)
+	if err != nil {
+		return
+	}
+	done := make(chan endpoint.Completion, 1)
+	if err := c.ep.PostBatch([]endpoint.Request{{Op: endpoint.OpRead, Buffer: b, Notify: done}}); err != nil {
+		c.sendPool.Put(b)
+		return
+	}
+	c.delivered = done
+	seam.Kick(c.ep) // the answer comes as a completion nobody else waits for
+	defer seam.KickDone(c.ep)
+	select {
+	case comp := <-done:
+		c.delivered = nil
+		c.sendPool.Put(comp.Buffer)
+	case <-ctx.Done():
+	}
 }
 
 // repost gives a receive buffer back to the device and counts the credit.

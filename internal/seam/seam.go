@@ -200,6 +200,10 @@ var (
 	Kick func(ep any)
 	// KickDone ends the wait a Kick began.
 	KickDone func(ep any)
+	// SendsCompleteLocally says whether a send's completion on ep only
+	// means that the transport took it (iWARP: TCP has the bytes), not
+	// that the peer has it (InfiniBand and RoCE: the peer acknowledged).
+	SendsCompleteLocally func(ep any) bool
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
