@@ -33,11 +33,14 @@ func requestHead(buf *[256]byte, method string) ([]byte, error) {
 	return buf[:1+copy(buf[1:], method)], nil
 }
 
+// decodeRequest splits a request's payload into its method and the
+// caller's bytes.
 func decodeRequest(p []byte) (string, []byte, error) {
-	if len(p) < 1 || len(p) < 1+int(p[0]) || p[0] == 0 {
+	if len(p) < 1 || p[0] == 0 || len(p) < 1+int(p[0]) {
 		return "", nil, fmt.Errorf("%w: request without a method", ErrMalformed)
 	}
-	return string(p[1 : 1+p[0]]), p[1+p[0]:], nil
+	end := 1 + int(p[0]) // in int: a 255-byte method's 1+p[0] wraps to 0 in byte arithmetic
+	return string(p[1:end]), p[end:], nil
 }
 
 // Client calls a Server over one Conn; many calls run at once, told apart
