@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -449,6 +450,141 @@ func rpcClient(t testing.TB, ctx context.Context, opts ...msg.Option) (cl *msg.C
 		require.NoError(t, s.Shutdown(ctx))
 		require.ErrorIs(t, <-served, msg.ErrShutdown)
 	}
+}
+
+// TestRPCCallRegion: a request lent from the caller's region reaches the
+// handler byte for byte behind its method, read by the server straight
+// from that region (the client takes no rendezvous region of its own),
+// from one byte to 1 MiB and across MaxInline, with methods of 1 and 255
+// bytes; concurrent calls each lend their own region. Regions the server
+// could not read, or that are not the connection's, are refused before
+// anything is sent, and the client calls on.
+func TestRPCCallRegion(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const bufSize = 4096
+	cl, _, stop := rpcClient(t, ctx, msg.WithBufferSize(bufSize))
+	defer stop()
+	const size = 1 << 20
+	region, err := bufpool.NewRegion(cl.PD(), size, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	pattern(region.Bytes(), 3)
+
+	const maxInline = bufSize - msg.HeaderSize
+	before := cl.Stats().Conn
+	lent := 0
+	for _, n := range []int{size, 100000, maxInline + 1, maxInline - 1, 1} {
+		got, err := cl.CallRegion(ctx, "sum", region, n) // a short response: only the request is large
+		require.NoError(t, err, "%d bytes", n)
+		require.Equal(t, sumWords(region.Bytes()[:n]), got, "%d bytes: the sum differs", n)
+		if 1+len("sum")+n > maxInline {
+			lent++
+		}
+	}
+	long := strings.Repeat("m", 255)
+	_, err = cl.CallRegion(ctx, long, region, size)
+	require.ErrorContains(t, err, `no method "`+long+`"`, "a 255-byte method goes with the offer")
+	lent++
+	after := cl.Stats().Conn
+	require.Equal(t, before.RegionCacheHits+before.RegionCacheMisses, after.RegionCacheHits+after.RegionCacheMisses,
+		"the client took no rendezvous region of its own")
+	require.Equal(t, before.RendezvousSent+uint64(lent), after.RendezvousSent, "lent by rendezvous above MaxInline")
+
+	const callers = 4
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			own, err := bufpool.NewRegion(cl.PD(), 256<<10, bufpool.RemoteRead)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer own.Close()
+			pattern(own.Bytes(), 10+i)
+			for range 5 {
+				got, err := cl.CallRegion(ctx, "echo", own, len(own.Bytes()))
+				if err == nil && !bytes.Equal(got, own.Bytes()) {
+					err = fmt.Errorf("caller %d: the echo differs", i)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range callers {
+		require.NoError(t, <-errs)
+	}
+
+	writeOnly, err := bufpool.NewRegion(cl.PD(), 1<<16, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	defer writeOnly.Close()
+	closed, err := bufpool.NewRegion(cl.PD(), 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	sentBefore := cl.Stats().Conn.MessagesSent - cl.Stats().Conn.CreditMessagesSent
+	for name, refusal := range map[string]struct {
+		region *bufpool.Region
+		n      int
+		want   error
+	}{
+		"not readable": {writeOnly, 1 << 16, endpoint.ErrInvalid},
+		"closed":       {closed, 1 << 16, bufpool.ErrClosed},
+		"past its end": {region, size + 1, bufpool.ErrRange},
+		"nil":          {nil, 1, endpoint.ErrInvalid},
+	} {
+		_, err := cl.CallRegion(ctx, "echo", refusal.region, refusal.n)
+		require.ErrorIs(t, err, refusal.want, name)
+	}
+	_, err = cl.CallRegion(ctx, "", region, 10)
+	require.Error(t, err, "an empty method")
+	now := cl.Stats().Conn
+	require.Equal(t, sentBefore, now.MessagesSent-now.CreditMessagesSent, "a refused CallRegion sends nothing")
+	require.Zero(t, cl.Stats().CallsInFlight)
+	got, err := cl.Call(ctx, "echo", []byte("still here"))
+	require.NoError(t, err)
+	require.Equal(t, "still here", string(got))
+}
+
+// sumWords is rpcHandler's "sum" of b: its whole little-endian 8-byte
+// words added up.
+func sumWords(b []byte) []byte {
+	var s uint64
+	for i := 0; i+8 <= len(b); i += 8 {
+		s += binary.LittleEndian.Uint64(b[i:])
+	}
+	return binary.LittleEndian.AppendUint64(nil, s)
+}
+
+// TestRPCCallRegionSmallBuffers: with 64-byte payloads, an offer holds a
+// short method but not a 255-byte one; that request's bytes are copied
+// into a rendezvous region of the client's instead, and arrive the same.
+func TestRPCCallRegionSmallBuffers(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	cl, _, stop := rpcClient(t, ctx, msg.WithBufferSize(msg.HeaderSize+64))
+	defer stop()
+	region, err := bufpool.NewRegion(cl.PD(), 100000, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	pattern(region.Bytes(), 5)
+	regionsTaken := func() uint64 { s := cl.Stats().Conn; return s.RegionCacheHits + s.RegionCacheMisses }
+
+	before := regionsTaken()
+	got, err := cl.CallRegion(ctx, "sum", region, len(region.Bytes()))
+	require.NoError(t, err)
+	require.Equal(t, sumWords(region.Bytes()), got)
+	require.Equal(t, before, regionsTaken(), "a short method goes with the offer: lent")
+
+	long := strings.Repeat("m", 255)
+	responsesBefore := cl.Stats().Conn.RendezvousReceived
+	_, err = cl.CallRegion(ctx, long, region, len(region.Bytes()))
+	require.ErrorContains(t, err, `no method "`+long+`"`, "the method arrived")
+	responses := cl.Stats().Conn.RendezvousReceived - responsesBefore // an error naming the method is large too
+	require.Equal(t, before+1+responses, regionsTaken(), "a 255-byte method does not fit the offer: copied")
 }
 
 // TestRPCConcurrentCallers: 32 callers x 1000 calls on one connection,

@@ -194,6 +194,7 @@ type rendezvousRead struct {
 	info   rendezvousInfo
 	hdr    Header
 	region *bufpool.Region
+	size   int // the message: the offer's head, then what the READ brings
 }
 
 // sendToken marks send completions of the connection's own buffers.
@@ -1030,29 +1031,41 @@ func checkRendezvousSize(size int) error {
 // starts as the offer arrives, or for the connection's end, whatever ctx
 // does. region stays the caller's: SendRegion never closes it.
 func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) error {
+	return c.sendLent(ctx, TypeData, 0, nil, region, n)
+}
+
+// sendLent sends head, then the first n bytes of region, as one message
+// of type typ, checking region as SendRegion says. Above MaxInline the
+// peer reads the n bytes from region itself and head travels in the
+// offer; where the offer cannot hold head (buffers smaller than a method
+// name), region's bytes are copied as Send copies them.
+func (c *Conn) sendLent(ctx context.Context, typ Type, id uint64, head []byte, region *bufpool.Region, n int) error {
 	if region == nil {
-		return fmt.Errorf("msg: SendRegion of a nil region: %w", endpoint.ErrInvalid)
+		return fmt.Errorf("msg: sending from a nil region: %w", endpoint.ErrInvalid)
 	}
 	_, domain, err := seam.BufferSGE(region.Buffer(), 0, n) // closed, or n out of range
 	if err != nil {
-		return errorf("SendRegion: %w", err)
+		return errorf("sending from a region: %w", err)
 	}
-	if n <= c.maxInline {
-		return c.Send(ctx, region.Bytes()[:n])
+	if len(head)+n <= c.maxInline {
+		return c.send(ctx, typ, id, head, region.Bytes()[:n])
 	}
 	if region.Access()&bufpool.RemoteRead == 0 {
-		return fmt.Errorf("msg: SendRegion of a region the peer may not read (register it with bufpool.RemoteRead): %w", endpoint.ErrInvalid)
+		return fmt.Errorf("msg: sending from a region the peer may not read (register it with bufpool.RemoteRead): %w", endpoint.ErrInvalid)
 	}
 	if domain != seam.DomainOf(c.PD()) {
-		return fmt.Errorf("msg: SendRegion of a region registered in another protection domain than the connection's (Conn.PD): %w", endpoint.ErrInvalid)
+		return fmt.Errorf("msg: sending from a region registered in another protection domain than the connection's (Conn.PD): %w", endpoint.ErrInvalid)
 	}
 	if c.writeClosed.Load() {
 		return ErrWriteClosed
 	}
-	if err := checkRendezvousSize(n); err != nil {
+	if err := checkRendezvousSize(len(head) + n); err != nil {
 		return err
 	}
-	return c.offerRendezvous(ctx, TypeData, 0, &pendingRendezvous{region: region, lent: true, done: make(chan struct{})}, n)
+	if n == 0 || rendezvousInfoSize+len(head) > c.maxInline {
+		return c.sendRendezvous(ctx, typ, id, head, region.Bytes()[:n])
+	}
+	return c.offerRendezvous(ctx, typ, id, head, &pendingRendezvous{region: region, lent: true, done: make(chan struct{})}, n)
 }
 
 // sendRendezvous puts head and payload in a region the peer may read and
@@ -1069,13 +1082,13 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, pa
 		return err
 	}
 	copy(region.Bytes()[copy(region.Bytes(), head):], payload)
-	return c.offerRendezvous(ctx, typ, id, &pendingRendezvous{region: region, done: make(chan struct{})}, size)
+	return c.offerRendezvous(ctx, typ, id, nil, &pendingRendezvous{region: region, done: make(chan struct{})}, size)
 }
 
 // offerRendezvous sends the description of the first size bytes of
-// p.region and waits for the peer's read. A lent region is waited for
-// even after ctx ends: the peer may be reading it.
-func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, p *pendingRendezvous, size int) error {
+// p.region, after head, and waits for the peer's read. A lent region is
+// waited for even after ctx ends: the peer may be reading it.
+func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []byte, p *pendingRendezvous, size int) error {
 	region := p.region
 	c.mu.Lock()
 	if c.err != nil {
@@ -1091,10 +1104,10 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, p *pend
 	c.mu.Unlock()
 
 	remote := region.Remote()
-	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(size)}
-	var body [rendezvousInfoSize]byte
+	info := rendezvousInfo{Type: typ, RVID: rv, Addr: remote.Addr, RKey: remote.RKey, Length: uint32(size), Head: head}
+	var body [rendezvousInfoSize + maxRendezvousHead]byte
 	info.encode(body[:])
-	if err := c.send(ctx, TypeRendezvous, id, nil, body[:]); err != nil {
+	if err := c.send(ctx, TypeRendezvous, id, nil, body[:info.size()]); err != nil {
 		c.mu.Lock()
 		if _, ok := c.rvSend[rv]; ok { // never offered: nobody will read it
 			delete(c.rvSend, rv)
@@ -1105,7 +1118,7 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, p *pend
 	}
 	c.mu.Lock()
 	c.stats.RendezvousSent++
-	c.stats.RendezvousBytesSent += uint64(size)
+	c.stats.RendezvousBytesSent += uint64(len(head) + size)
 	c.mu.Unlock()
 	var gaveUp <-chan struct{}
 	if !p.lent {

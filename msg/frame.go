@@ -112,8 +112,9 @@ func (h *Header) Decode(b []byte) error {
 			return fmt.Errorf("%w: a %v message with %d payload bytes", ErrMalformed, h.Type, h.Length)
 		}
 	case TypeRendezvous:
-		if h.Length != rendezvousInfoSize {
-			return fmt.Errorf("%w: rendezvous info of %d bytes, want %d", ErrMalformed, h.Length, rendezvousInfoSize)
+		if h.Length < rendezvousInfoSize || h.Length > rendezvousInfoSize+maxRendezvousHead {
+			return fmt.Errorf("%w: rendezvous info of %d bytes, want %d to %d", ErrMalformed,
+				h.Length, rendezvousInfoSize, rendezvousInfoSize+maxRendezvousHead)
 		}
 	}
 	return nil
@@ -121,23 +122,35 @@ func (h *Header) Decode(b []byte) error {
 
 // rendezvousInfo is the payload of a TypeRendezvous message: the region to
 // read, the type of the message it carries, and the id the receiver names
-// in its TypeRendezvousDone. (The header's ID stays the request id.)
+// in its TypeRendezvousDone. (The header's ID stays the request id.) The
+// message is the head, which follows the info in the offer, then the
+// Length bytes read from the region: a sender that lends its caller's
+// region (Client.CallRegion) sends a request's method this way, since it
+// may not write it into the caller's memory.
 //
 //	0  type    u8, then 3 bytes of zero
 //	4  rv id   u64
 //	12 addr    u64
 //	20 rkey    u32
 //	24 length  u32
+//	28 head    the rest of the payload, up to maxRendezvousHead bytes
 type rendezvousInfo struct {
 	Type   Type // TypeData, TypeRequest, TypeResponse or TypeError
 	RVID   uint64
 	Addr   uint64 // the region (a bufpool.Remote)
 	RKey   uint32
 	Length uint32
+	Head   []byte // aliases the decoded bytes
 }
 
-const rendezvousInfoSize = 28
+const (
+	rendezvousInfoSize = 28
+	// maxRendezvousHead is the longest head an offer carries: a request's
+	// method length and method.
+	maxRendezvousHead = 256
+)
 
+// encode writes r into b[:r.size()].
 func (r *rendezvousInfo) encode(b []byte) {
 	b[0] = byte(r.Type)
 	b[1], b[2], b[3] = 0, 0, 0
@@ -145,7 +158,11 @@ func (r *rendezvousInfo) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[12:], r.Addr)
 	binary.LittleEndian.PutUint32(b[20:], r.RKey)
 	binary.LittleEndian.PutUint32(b[24:], r.Length)
+	copy(b[rendezvousInfoSize:], r.Head)
 }
+
+// size is the length of the encoded info and head.
+func (r *rendezvousInfo) size() int { return rendezvousInfoSize + len(r.Head) }
 
 func (r *rendezvousInfo) decode(b []byte) error {
 	r.Type = Type(b[0])
@@ -158,6 +175,7 @@ func (r *rendezvousInfo) decode(b []byte) error {
 	r.Addr = binary.LittleEndian.Uint64(b[12:])
 	r.RKey = binary.LittleEndian.Uint32(b[20:])
 	r.Length = binary.LittleEndian.Uint32(b[24:])
+	r.Head = b[rendezvousInfoSize:]
 	if r.Length == 0 {
 		return fmt.Errorf("%w: an empty rendezvous", ErrMalformed)
 	}

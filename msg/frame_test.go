@@ -50,6 +50,7 @@ func FuzzDecode(f *testing.F) {
 		{Type: TypeCloseWrite, Credits: 1},
 		{Type: TypeRequest, ID: 42, Length: 1},
 		{Type: TypeRendezvous, Flags: FlagRendezvous, Length: rendezvousInfoSize},
+		{Type: TypeRendezvous, Flags: FlagRendezvous, Length: rendezvousInfoSize + 5},
 	} {
 		b := make([]byte, HeaderSize+int(h.Length))
 		h.Encode(b)
@@ -66,7 +67,7 @@ func FuzzDecode(f *testing.F) {
 		if h.Type == TypeRendezvous {
 			var ri rendezvousInfo
 			if ri.decode(b[HeaderSize:]) == nil {
-				out := make([]byte, rendezvousInfoSize)
+				out := make([]byte, ri.size())
 				ri.encode(out)
 				require.Equal(t, b[HeaderSize+4:], out[4:])
 			}

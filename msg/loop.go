@@ -74,10 +74,10 @@ func (c *Conn) handle(comp endpoint.Completion) {
 			c.endReceivesIfAllIn()
 			return
 		}
-		c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.info.Length], region: rr.region})
+		c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.size], region: rr.region})
 		c.mu.Lock()
 		c.stats.RendezvousReceived++
-		c.stats.RendezvousBytesReceived += uint64(rr.info.Length)
+		c.stats.RendezvousBytesReceived += uint64(rr.size)
 		c.dones = append(c.dones, rr.info.RVID)
 		c.wakeControl()
 		c.mu.Unlock()
@@ -204,6 +204,9 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		if err := info.decode(b.Bytes()[HeaderSize:n]); err != nil {
 			return err
 		}
+		var headBytes [maxRendezvousHead]byte // the receive is reposted next
+		head := headBytes[:copy(headBytes[:], info.Head)]
+		info.Head = nil
 		// The receive is free again at once, but its credit is withheld
 		// until the message is released: rendezvous messages count
 		// against the receive depth like the others.
@@ -217,7 +220,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		c.mu.Lock()
 		c.reading++
 		c.mu.Unlock()
-		if err := c.readRendezvous(info, h); err != nil {
+		if err := c.readRendezvous(info, head, h); err != nil {
 			c.mu.Lock()
 			c.reading--
 			c.mu.Unlock()
@@ -230,17 +233,23 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	return nil
 }
 
-// readRendezvous registers a region for the peer's rendezvous message and
-// posts the RDMA READ that fetches it; its completion delivers the message.
-// The region is registered for remote write, as iWARP requires of a READ's
+// readRendezvous registers a region for the peer's rendezvous message,
+// writes the offer's head at its start and posts the RDMA READ that
+// fetches the rest behind it; its completion delivers the message. The
+// region is registered for remote write, as iWARP requires of a READ's
 // sink; its key never leaves this side.
-func (c *Conn) readRendezvous(info rendezvousInfo, h Header) error {
-	region, err := c.rv.get(int(info.Length), bufpool.RemoteWrite)
+func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error {
+	size := len(head) + int(info.Length)
+	region, err := c.rv.get(size, bufpool.RemoteWrite)
 	if err != nil {
-		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", info.Length, err)
+		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", size, err)
 	}
-	rr := &rendezvousRead{info: info, hdr: h, region: region}
-	err = c.ep.PostRead(rr, region.Buffer(), int(info.Length), bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: uint64(info.Length)})
+	copy(region.Bytes(), head)
+	rr := &rendezvousRead{info: info, hdr: h, region: region, size: size}
+	sink, err := region.Buffer().Segment(len(head), int(info.Length))
+	if err == nil {
+		err = c.ep.PostReadv(rr, []bufpool.Segment{sink}, bufpool.Remote{Addr: info.Addr, RKey: info.RKey, Len: uint64(info.Length)})
+	}
 	if err != nil {
 		region.Close()
 		return fmt.Errorf("msg: reading a rendezvous: %w", err)

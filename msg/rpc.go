@@ -8,6 +8,8 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+
+	"github.com/go-rdma/rdmacm/bufpool"
 )
 
 // Handler serves one call: method and request in, response or error out.
@@ -118,6 +120,28 @@ func (cl *Client) route(m arrival) bool {
 // late response is then dropped). A handler's error is a *RemoteError,
 // which errors.Is matches to its Code.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
+	return cl.call(ctx, method, func(id uint64, head []byte) error {
+		return cl.c.send(ctx, TypeRequest, id, head, req)
+	})
+}
+
+// CallRegion is Call with the request's bytes, the first n of region,
+// lent as Conn.SendRegion lends them: above MaxInline the server reads
+// them straight from region, without a copy on this side, and the method
+// goes with the offer. region is checked as SendRegion checks it, before
+// anything is sent. Its bytes must not change until CallRegion returns;
+// once offered, they are waited for past ctx's end, until the server has
+// read them (or the connection ended), and then the response is waited
+// for within ctx.
+func (cl *Client) CallRegion(ctx context.Context, method string, region *bufpool.Region, n int) ([]byte, error) {
+	return cl.call(ctx, method, func(id uint64, head []byte) error {
+		return cl.c.sendLent(ctx, TypeRequest, id, head, region, n)
+	})
+}
+
+// call sends a request with send, as call id after the method's head, and
+// waits for its response.
+func (cl *Client) call(ctx context.Context, method string, send func(id uint64, head []byte) error) ([]byte, error) {
 	var buf [256]byte
 	head, err := requestHead(&buf, method)
 	if err != nil {
@@ -134,7 +158,7 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 		delete(cl.pending, id)
 		cl.mu.Unlock()
 	}
-	if err := cl.c.send(ctx, TypeRequest, id, head, req); err != nil {
+	if err := send(id, head); err != nil {
 		forget()
 		return nil, err
 	}
@@ -178,6 +202,10 @@ func (cl *Client) response(method string, m arrival) ([]byte, error) {
 	}
 	return append([]byte(nil), m.payload...), nil
 }
+
+// PD is the protection domain of the client's connection: register the
+// regions CallRegion lends in it.
+func (cl *Client) PD() *bufpool.PD { return cl.c.PD() }
 
 // LocalAddr is this side's address of the client's connection.
 func (cl *Client) LocalAddr() net.Addr { return cl.c.LocalAddr() }
