@@ -723,6 +723,13 @@ func (c *Conn) recv(ctx context.Context) (arrival, error) {
 			break
 		}
 	}
+	return c.awaitArrival(ctx)
+}
+
+// awaitArrival is recv without driving the endpoint: it waits for what
+// another goroutine handles (the completion goroutine, or a caller that
+// polls).
+func (c *Conn) awaitArrival(ctx context.Context) (arrival, error) {
 	select {
 	case r := <-c.inbox:
 		return c.taken(r)

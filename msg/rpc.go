@@ -8,8 +8,10 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // Handler serves one call: method and request in, response or error out.
@@ -53,6 +55,7 @@ type Client struct {
 	nextID   uint64
 	pending  map[uint64]chan arrival
 	loopDone chan struct{}
+	polling  atomic.Bool // a caller drives the endpoint (call)
 }
 
 // NewClient makes a Client that owns c.
@@ -76,7 +79,11 @@ func (cl *Client) run() {
 	defer close(cl.loopDone)
 	ctx := contextUntil(cl.c.Done())
 	for {
-		m, err := cl.c.recv(ctx)
+		// Responses are routed where they are handled; this goroutine
+		// only waits for the rest (the server's half-close, or what
+		// arrived before the Client was made), and does not poll: the
+		// caller waiting for a response does (call).
+		m, err := cl.c.awaitArrival(ctx)
 		if err != nil {
 			if err == io.EOF { // the server half-closed: no response will come
 				cl.c.fail(fmt.Errorf("msg: the server sends no more responses: %w", ErrPeerClosed))
@@ -162,6 +169,22 @@ func (cl *Client) call(ctx context.Context, method string, send func(id uint64, 
 		forget()
 		return nil, err
 	}
+	// One waiting caller at a time drives the endpoint itself, so that
+	// the completion it waits for is handled in its goroutine, with no
+	// hand-off; it routes the other callers' responses on its way. The
+	// others wait on their channels, and say so (Kick): once no caller
+	// polls, the completion goroutine must.
+	if cl.polling.CompareAndSwap(false, true) {
+		m, ok := cl.pollFor(ctx, ch)
+		cl.polling.Store(false)
+		if ok {
+			replyChans.Put(ch)
+			return cl.response(method, m)
+		}
+	} else {
+		seam.Kick(cl.c.ep)
+		defer seam.KickDone(cl.c.ep)
+	}
 	select {
 	case m := <-ch:
 		replyChans.Put(ch) // run sent its one response: it is empty and nobody else's
@@ -184,6 +207,22 @@ func (cl *Client) call(ctx context.Context, method string, send func(id uint64, 
 		default:
 		}
 		return nil, cl.c.Err()
+	}
+}
+
+// pollFor drives the connection's endpoint in this goroutine until ch
+// has the response (ok), or until ctx ends or the endpoint closes.
+func (cl *Client) pollFor(ctx context.Context, ch chan arrival) (arrival, bool) {
+	for {
+		mark := seam.ProgressMark(cl.c.ep) // before the look: what is handled after it ends Progress
+		select {
+		case m := <-ch:
+			return m, true
+		default:
+		}
+		if seam.Progress(cl.c.ep, ctx, mark) != nil {
+			return arrival{}, false
+		}
 	}
 }
 
