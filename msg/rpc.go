@@ -55,12 +55,14 @@ type Client struct {
 	nextID   uint64
 	pending  map[uint64]chan arrival
 	loopDone chan struct{}
-	polling  atomic.Bool // a caller drives the endpoint (call)
+	polling  atomic.Bool   // a caller drives the endpoint (call)
+	waiting  atomic.Int32  // callers waiting for their responses
+	turn     chan struct{} // the polling, offered to a waiting caller (1 deep)
 }
 
 // NewClient makes a Client that owns c.
 func NewClient(c *Conn) *Client {
-	cl := &Client{c: c, pending: map[uint64]chan arrival{}, loopDone: make(chan struct{})}
+	cl := &Client{c: c, pending: map[uint64]chan arrival{}, loopDone: make(chan struct{}), turn: make(chan struct{}, 1)}
 	c.setRouter(cl.route)
 	go cl.run()
 	return cl
@@ -169,44 +171,63 @@ func (cl *Client) call(ctx context.Context, method string, send func(id uint64, 
 		forget()
 		return nil, err
 	}
-	// One waiting caller at a time drives the endpoint itself, so that
-	// the completion it waits for is handled in its goroutine, with no
-	// hand-off; it routes the other callers' responses on its way. The
-	// others wait on their channels, and say so (Kick): once no caller
-	// polls, the completion goroutine must.
-	if cl.polling.CompareAndSwap(false, true) {
-		m, ok := cl.pollFor(ctx, ch)
-		cl.polling.Store(false)
-		if ok {
-			replyChans.Put(ch)
-			return cl.response(method, m)
+	// One waiting caller at a time drives the endpoint itself (polling),
+	// so that the completion it waits for is handled in its goroutine,
+	// with no hand-off; it routes the other callers' responses on its
+	// way. Once it has its own, it hands the polling on to a caller still
+	// waiting (turn), which then polls for its own.
+	cl.waiting.Add(1)
+	defer cl.waiting.Add(-1)
+	mayPoll := true
+	for {
+		if mayPoll && cl.polling.CompareAndSwap(false, true) {
+			m, ok := cl.pollFor(ctx, ch)
+			cl.polling.Store(false)
+			cl.handOn()
+			if ok {
+				replyChans.Put(ch)
+				return cl.response(method, m)
+			}
+			mayPoll = false // ctx ended, or the endpoint is closing: the select says which
 		}
-	} else {
-		seam.Kick(cl.c.ep)
-		defer seam.KickDone(cl.c.ep)
+		select {
+		case m := <-ch:
+			replyChans.Put(ch) // route sent its one response: it is empty and nobody else's
+			return cl.response(method, m)
+		case <-cl.turn:
+			if !mayPoll {
+				cl.handOn()
+			}
+		case <-ctx.Done():
+			forget()
+			select { // it came as ctx ended: its receive goes back
+			case m := <-ch:
+				cl.c.out.readied.Add(-1)
+				cl.c.release(m)
+			default:
+			}
+			return nil, ctx.Err()
+		case <-cl.c.Done():
+			<-cl.loopDone // every response that arrived has been routed
+			forget()
+			select { // it may have arrived just before the end
+			case m := <-ch:
+				return cl.response(method, m)
+			default:
+			}
+			return nil, cl.c.Err()
+		}
 	}
-	select {
-	case m := <-ch:
-		replyChans.Put(ch) // run sent its one response: it is empty and nobody else's
-		return cl.response(method, m)
-	case <-ctx.Done():
-		forget()
-		select { // it came as ctx ended: its receive goes back
-		case m := <-ch:
-			cl.c.out.readied.Add(-1)
-			cl.c.release(m)
-		default:
+}
+
+// handOn offers the polling to a caller still waiting, if there is one
+// (besides the caller that hands it on).
+func (cl *Client) handOn() {
+	if cl.waiting.Load() > 1 {
+		select {
+		case cl.turn <- struct{}{}:
+		default: // one is on offer already
 		}
-		return nil, ctx.Err()
-	case <-cl.c.Done():
-		<-cl.loopDone // every response that arrived has been routed
-		forget()
-		select { // it may have arrived just before the end
-		case m := <-ch:
-			return cl.response(method, m)
-		default:
-		}
-		return nil, cl.c.Err()
 	}
 }
 
