@@ -711,19 +711,35 @@ func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
 // endpoint's completion goroutine stands aside meanwhile. Once the
 // endpoint is closing, recv waits for what is left instead.
 func (c *Conn) recv(ctx context.Context) (arrival, error) {
-	for {
-		mark := seam.ProgressMark(c.ep) // before the look: what is handled after it ends Progress
-		if r, ok, err := c.ready(); ok {
-			return r, err
-		}
-		if err := seam.Progress(c.ep, ctx, mark); err != nil {
-			if ctxErr := ctx.Err(); ctxErr != nil {
-				return arrival{}, ctxErr
-			}
-			break
-		}
+	var r arrival
+	var rerr error
+	err := c.driveUntil(ctx, func() (ok bool) {
+		r, ok, rerr = c.ready()
+		return ok
+	})
+	if err == nil {
+		return r, rerr
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return arrival{}, ctxErr
 	}
 	return c.awaitArrival(ctx)
+}
+
+// driveUntil drives the endpoint in this goroutine, handling what comes,
+// until done says so (nil), or until ctx ends or the endpoint is closing
+// (Progress's error). done is asked before each wait, after the progress
+// mark is taken: what is handled after that look ends the wait.
+func (c *Conn) driveUntil(ctx context.Context, done func() bool) error {
+	for {
+		mark := seam.ProgressMark(c.ep)
+		if done() {
+			return nil
+		}
+		if err := seam.Progress(c.ep, ctx, mark); err != nil {
+			return err
+		}
+	}
 }
 
 // awaitArrival is recv without driving the endpoint: it waits for what

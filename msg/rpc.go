@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 
 	"github.com/go-rdma/rdmacm/bufpool"
-	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // Handler serves one call: method and request in, response or error out.
@@ -233,18 +232,15 @@ func (cl *Client) handOn() {
 
 // pollFor drives the connection's endpoint in this goroutine until ch
 // has the response (ok), or until ctx ends or the endpoint closes.
-func (cl *Client) pollFor(ctx context.Context, ch chan arrival) (arrival, bool) {
-	for {
-		mark := seam.ProgressMark(cl.c.ep) // before the look: what is handled after it ends Progress
+func (cl *Client) pollFor(ctx context.Context, ch chan arrival) (m arrival, ok bool) {
+	cl.c.driveUntil(ctx, func() bool {
 		select {
-		case m := <-ch:
-			return m, true
+		case m, ok = <-ch:
 		default:
 		}
-		if seam.Progress(cl.c.ep, ctx, mark) != nil {
-			return arrival{}, false
-		}
-	}
+		return ok
+	})
+	return m, ok
 }
 
 // replyChans are the channels on which run hands each caller its
