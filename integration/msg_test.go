@@ -363,8 +363,10 @@ func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 // TestRPCRequestsBeforeServe: requests that arrive before the server
 // serves their connection wait in its inbox (the Server routes requests
 // from the completion loop only once it serves the connection), and are
-// answered, in order with the later ones, once it does. The listener sets
-// the connection up before any Accept, so the client can call at once.
+// answered, in order with the later ones, once it does; their handlers
+// run at once, not one after the other: each waits until all have
+// started. The listener sets the connection up before any Accept, so the
+// client can call at once.
 func TestRPCRequestsBeforeServe(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -373,10 +375,28 @@ func TestRPCRequestsBeforeServe(t *testing.T) {
 	cl, err := msg.DialClient(ctx, l.Addr().String())
 	require.NoError(t, err)
 	const early = 4
+	var started atomic.Int32
+	all := make(chan struct{})
+	handler := func(ctx context.Context, method string, req []byte) ([]byte, error) {
+		if method != "together" {
+			return rpcHandler(ctx, method, req)
+		}
+		if started.Add(1) == early {
+			close(all)
+		}
+		select {
+		case <-all:
+			return req, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	call, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	answers := make(chan error, early)
 	for i := range early {
 		go func() {
-			got, err := cl.Call(ctx, "echo", []byte{byte(i)})
+			got, err := cl.Call(call, "together", []byte{byte(i)})
 			if err == nil && !bytes.Equal(got, []byte{byte(i)}) {
 				err = fmt.Errorf("call %d: got %v", i, got)
 			}
@@ -385,7 +405,7 @@ func TestRPCRequestsBeforeServe(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return cl.Stats().CallsInFlight == early }, 5*time.Second, time.Millisecond)
 	time.Sleep(100 * time.Millisecond) // for the requests to reach the server's inbox
-	s := msg.NewServer(rpcHandler)
+	s := msg.NewServer(handler)
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ctx, l) }()
 	for range early {
@@ -585,6 +605,59 @@ func TestRPCCallRegionSmallBuffers(t *testing.T) {
 	require.ErrorContains(t, err, `no method "`+long+`"`, "the method arrived")
 	responses := cl.Stats().Conn.RendezvousReceived - responsesBefore // an error naming the method is large too
 	require.Equal(t, before+1+responses, regionsTaken(), "a 255-byte method does not fit the offer: copied")
+}
+
+// TestRPCHandlersRunConcurrentlyOnOneConnection: the connection's serving
+// goroutine runs a request itself when it waits for one, but a request
+// that arrives while it runs a handler gets a handler of its own: here
+// the first call's handler waits for the second's, on one connection, and
+// both return. Served one after the other, they would never finish.
+func TestRPCHandlersRunConcurrentlyOnOneConnection(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	started, released := make(chan struct{}), make(chan struct{})
+	s := msg.NewServer(func(ctx context.Context, method string, req []byte) ([]byte, error) {
+		switch method {
+		case "wait":
+			close(started)
+			select {
+			case <-released:
+				return []byte("waited"), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		case "release":
+			close(released)
+			return []byte("released"), nil
+		}
+		return nil, fmt.Errorf("no method %q", method)
+	})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, l) }()
+	cl, err := msg.DialClient(ctx, l.Addr().String())
+	require.NoError(t, err)
+
+	call, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		got, err := cl.Call(call, "wait", nil)
+		if err == nil && string(got) != "waited" {
+			err = fmt.Errorf("wait gave %q", got)
+		}
+		waited <- err
+	}()
+	<-started
+	got, err := cl.Call(call, "release", nil)
+	require.NoError(t, err, "a call while another handler runs")
+	require.Equal(t, "released", string(got))
+	require.NoError(t, <-waited)
+
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
 
 // TestRPCConcurrentCallers: 32 callers x 1000 calls on one connection,

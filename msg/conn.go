@@ -71,6 +71,9 @@ type arrival struct {
 	payload []byte
 	buf     *bufpool.Buffer // a receive buffer, reposted on release
 	region  *bufpool.Region // or a rendezvous region, freed on release
+	// handed: a request a Server's router left for its connection's
+	// goroutine to run itself (serveConn).
+	handed bool
 }
 
 // message makes r a Message for RecvMessage's caller.

@@ -14,13 +14,14 @@ import (
 )
 
 // Handler serves one call: method and request in, response or error out.
-// Handlers run concurrently, each call in a goroutine of its own; req is a
-// copy the handler may keep, and the response is the handler's no more once
-// returned. ctx ends when the connection does; PeerAddr(ctx) is the
-// caller's address. An error reaches the caller as a *RemoteError with its
-// text and Code (the one it wraps, or CodeUnknown); a panic is recovered,
-// logged, and reaches the caller with CodeInternal. A Mux dispatches by
-// method.
+// Handlers run concurrently: the connection's serving goroutine runs a
+// call itself when it is free, and a call that arrives while it is busy
+// gets a goroutine of its own. req is a copy the handler may keep, and the
+// response is the handler's no more once returned. ctx ends when the
+// connection does; PeerAddr(ctx) is the caller's address. An error
+// reaches the caller as a *RemoteError with its text and Code (the one it
+// wraps, or CodeUnknown); a panic is recovered, logged, and reaches the
+// caller with CodeInternal. A Mux dispatches by method.
 type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
 
 // ErrShutdown is returned by Serve after Shutdown.
@@ -331,31 +332,55 @@ func (s *Server) Serve(ctx context.Context, l *Listener) error {
 	}
 }
 
-// serveConn serves c's calls: each request starts its handler from c's
-// completion handler (setRouter); this loop takes what arrived before, and
-// ends the connection on anything but a request, or when it ends.
+// serveConn serves c's calls. While this goroutine waits for a request,
+// it holds a token (waiting): the router gives the first request to come
+// back to it through the inbox (handed), and it runs the handler and sends
+// the response itself, so a lone caller's request is answered with no
+// goroutine started and no hand-off, by the goroutine that polled for it.
+// It takes the token again only once that request is in its hands. Every
+// other request starts its handler in a goroutine of its own: from the
+// router (setRouter) while the token is out, or from this loop when it
+// arrived before the router was set; so one connection's calls still run
+// concurrently, and none waits behind another. The loop ends the
+// connection on anything but a request, or when it ends.
 func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()
 	ctx := context.WithValue(contextUntil(c.Done()), peerKey{}, c.RemoteAddr())
-	route := func(m arrival) bool {
+	var waiting atomic.Bool // the token is out: the next request is this goroutine's
+	c.setRouter(func(m arrival) bool {
 		if m.typ != TypeRequest {
-			return false
+			return false // to the inbox
 		}
-		if err := s.start(ctx, c, m); err != nil {
+		if waiting.CompareAndSwap(true, false) {
+			m.handed = true
+			c.inbox <- m // room for every receive, as deliver's
+			return true
+		}
+		if err := s.start(ctx, c, m, true); err != nil {
 			c.fail(err)
 		}
 		return true
-	}
-	c.setRouter(route)
+	})
+	out := false // a token was given and its request has not come back yet
 	for {
+		if !out {
+			waiting.Store(true)
+			out = true
+		}
 		m, err := c.recv(ctx)
 		if err != nil {
 			break
 		}
-		if !route(m) {
+		if m.typ != TypeRequest {
 			c.release(m)
 			c.fail(fmt.Errorf("%w: a server received a %v message", ErrMalformed, m.typ))
 			break
+		}
+		if m.handed {
+			out = false
+		}
+		if err := s.start(ctx, c, m, !m.handed); err != nil {
+			c.fail(err)
 		}
 	}
 	s.mu.Lock()
@@ -364,9 +389,11 @@ func (s *Server) serveConn(c *Conn) {
 	c.Close()
 }
 
-// start starts the handler of request m in a goroutine of its own, with a
-// copy of the request; m is released. It never blocks.
-func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
+// start runs the handler of request m with a copy of the request (m is
+// released, so that its credit goes back at once) and sends the response:
+// in a goroutine of its own when concurrent (then start never blocks),
+// otherwise in this goroutine.
+func (s *Server) start(ctx context.Context, c *Conn, m arrival, concurrent bool) error {
 	method, req, err := decodeRequest(m.payload)
 	if err != nil {
 		c.release(m)
@@ -374,10 +401,10 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
 	}
 	req = append([]byte(nil), req...)
 	id := m.id
-	c.release(m) // the request is copied: the credit goes back now
+	c.release(m)
 	s.callStarts()
 	c.out.readied.Add(1) // until its response is on its way
-	go func() {
+	answer := func() {
 		failed := false
 		defer func() { s.callEnds(failed) }()
 		resp, herr := s.call(ctx, c, method, req)
@@ -387,7 +414,12 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival) error {
 		}
 		c.out.readied.Add(-1)
 		c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
-	}()
+	}
+	if concurrent {
+		go answer()
+	} else {
+		answer()
+	}
 	return nil
 }
 
