@@ -50,15 +50,17 @@ type Message struct {
 	ID      uint64
 	Payload []byte
 
-	c    *Conn
-	mem  arrival
-	once sync.Once
+	c        *Conn
+	mem      arrival
+	released atomic.Bool
 }
 
 // Release gives the message's memory back; the peer gets the credit.
 // Idempotent.
 func (m *Message) Release() {
-	m.once.Do(func() { m.c.release(m.mem) })
+	if m.released.CompareAndSwap(false, true) {
+		m.c.release(m.mem)
+	}
 }
 
 // arrival is a message as the inbox holds it: what a Message shows, and
