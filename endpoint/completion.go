@@ -120,11 +120,18 @@ func (ep *Endpoint) takeEvent() bool {
 	return true
 }
 
+// markClosing starts closing: first the waiters' flag (wakeWaiters), then
+// the completion goroutine's (ep.closing), in that order. The completion
+// goroutine acks the CQ events taken so far once it sees ep.closing and
+// nothing is owed, and lets go of the role; a caller of Next that then
+// took the role and an event would leave it unacked, and destroying the
+// CQ would wait for that ack forever. Callers look at their flag before
+// each wait, so with it set first, none waits once the acks are final.
 func (ep *Endpoint) markClosing() {
+	ep.wakeWaiters()
 	ep.mu.Lock()
 	ep.closing = true
 	ep.mu.Unlock()
-	ep.wakeWaiters()
 }
 
 // closingState says whether the endpoint is closing, and whether the

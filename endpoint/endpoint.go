@@ -508,12 +508,9 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // concurrently with posts; every call returns the same result.
 func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {
-		ep.mu.Lock()
-		ep.closing = true
-		ep.mu.Unlock()
-		ep.disconnect() // posted work flushes back
+		ep.markClosing() // wakes the completion goroutine, or a caller of Next
+		ep.disconnect()  // posted work flushes back
 		ep.setDone(ErrClosed)
-		ep.wakeWaiters() // the completion goroutine, or a caller of Next
 		ep.poller.wake()
 		<-ep.pollDone
 	})
