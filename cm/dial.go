@@ -52,20 +52,42 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 	}
 	defer ai.Free()
 
+	for attempt := 1; ; attempt++ {
+		ep, err := dialOnce(ctx, ai, o)
+		if err == nil {
+			return ep, nil
+		}
+		if !errors.Is(err, errLocalPortInUse) || attempt == localPortAttempts || ctx.Err() != nil {
+			return fail(err)
+		}
+		o.conn.logger.Debug().Err(err).Int("attempt", attempt).Msg("dial: again from another local port")
+	}
+}
+
+// errLocalPortInUse marks an iWARP connect the kernel refused before any
+// packet left (connect's EADDRNOTAVAIL): rdma_cm bound the id to a local
+// port that already has a TCP connection to the same address, one still
+// open or closing (TIME_WAIT is reused when both ends used timestamps).
+// The port was rdma_cm's pick, not the caller's, and nothing was set up,
+// so Dial tries again from a new id, which rdma_cm binds to another port:
+// what the kernel's own connect does when it picks an ephemeral port.
+var errLocalPortInUse = errors.New("the local port rdma_cm picked already has a TCP connection to that address")
+
+// localPortAttempts bounds Dial's tries from fresh local ports.
+const localPortAttempts = 4
+
+// dialOnce dials from a new id on a queue of its own.
+func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
 	q, err := cmevent.NewQueue()
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	id, err := q.CreateID(verbs.PortSpaceTCP)
 	if err != nil {
 		q.Close(nil)
-		return fail(err)
+		return nil, err
 	}
-	ep, err := dialOn(ctx, id, q, ai, o)
-	if err != nil {
-		return fail(err)
-	}
-	return ep, nil
+	return dialOn(ctx, id, q, ai, o)
 }
 
 // hint says what to do about a dial error a newcomer would not understand.
@@ -123,6 +145,9 @@ func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.Add
 			var abandoned bool
 			if abandoned, err = connectBlocking(ctx, id, param, func() { ep.CloseAndDrain(nil) }); abandoned {
 				return nil, err // the connection is freed when the kernel gives up
+			}
+			if errors.Is(err, syscall.EADDRNOTAVAIL) {
+				err = fmt.Errorf("%w: %w", errLocalPortInUse, err)
 			}
 		}
 	}

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -32,6 +36,98 @@ func TestDialRefused(t *testing.T) {
 	}
 	t.Logf("refused after %v: %v", time.Since(start), err)
 	require.Less(t, time.Since(start), 10*time.Second, "a refused dial fails fast, not by a timeout")
+}
+
+// TestDialFromABusyLocalPort: on iWARP, rdma_connect fails before any
+// packet leaves when the local port rdma_cm picked already has a TCP
+// connection to the same address; Dial then tries other ports, and once
+// every port it may pick is taken that way, says so. The test narrows the
+// local port range to two ports, each holding an open TCP connection to a
+// listener it then closes (from sockets that set SO_REUSEADDR, as siw's
+// do, so that binding the port again succeeds and the kernel's connect is
+// what refuses it). On RoCE the kernel's TCP is not in the path: the same
+// dial is refused by the peer's CM, as any dial to a port nobody listens on.
+func TestDialFromABusyLocalPort(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	require.NoError(t, err)
+	go func() { // each connection: read until the client closes, then close
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	reuse := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+		return errors.Join(err, serr)
+	}}
+	// Two adjacent ports above the default ephemeral range (32768-60999),
+	// so that nothing else in the guest takes them meanwhile.
+	var low int
+	for p := 61000; p < 65000 && low == 0; p += 2 {
+		var conns []net.Conn
+		for _, port := range []int{p, p + 1} {
+			d := reuse
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(host), Port: port}
+			c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+			if err != nil {
+				break
+			}
+			conns = append(conns, c)
+		}
+		if len(conns) == 2 {
+			low = p
+			t.Cleanup(func() { conns[0].Close(); conns[1].Close() })
+			continue
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	require.NotZero(t, low, "no two adjacent free ports")
+	require.NoError(t, ln.Close())
+	const knob = "/proc/sys/net/ipv4/ip_local_port_range"
+	old, err := os.ReadFile(knob)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(knob, fmt.Appendf(nil, "%d %d", low, low+1), 0o644))
+	t.Cleanup(func() { os.WriteFile(knob, old, 0o644) })
+
+	var log lockedBuffer
+	_, err = cm.Dial(ctx, ln.Addr().String(), cm.WithLogger(zerolog.New(&log).Level(zerolog.DebugLevel)))
+	t.Logf("%v", err)
+	tries := strings.Count(log.String(), "again from another local port")
+	if !rxetest.IWARP() {
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		require.Zero(t, tries, "nothing to dial again for")
+		return
+	}
+	require.ErrorIs(t, err, syscall.EADDRNOTAVAIL)
+	require.ErrorContains(t, err, "already has a TCP connection")
+	require.Equal(t, 3, tries, "four dials in all, each from a busy port")
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // TestDialNoRouteHonoursDeadline: Dial returns by its deadline when nobody
