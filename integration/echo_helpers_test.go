@@ -15,10 +15,16 @@ import (
 // until the peer leaves; then it closes the endpoint, puts back the buffers
 // its completions return, and closes the pool: the order a user follows.
 // Its receives are posted before the connection is accepted
-// (receivesOnSetup), as a peer that sends at once needs.
+// (receivesOnSetup), as a peer that sends at once needs. It takes the
+// first request and returns its handshake's error rather than waiting for
+// another dialer, as Listener.Accept would.
 func acceptEcho(ctx context.Context, l *cm.Listener, size, depth int) error {
 	var pool *bufpool.Pool
-	ep, err := l.Accept(ctx, receivesOnSetup(&pool, size, depth, depth))
+	req, err := l.AcceptRequest(ctx)
+	if err != nil {
+		return err
+	}
+	ep, err := req.Accept(ctx, receivesOnSetup(&pool, size, depth, depth))
 	if err != nil {
 		if pool != nil {
 			pool.Close()
