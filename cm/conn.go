@@ -24,22 +24,31 @@ var (
 // RejectError is a connect request the peer rejected. It matches
 // syscall.ECONNREFUSED.
 type RejectError struct {
-	Reason      int    // the IB CM reject reason (8, invalid service ID: nobody listens on that port)
+	// Reason is the IB CM reject reason on InfiniBand and RoCE (8,
+	// invalid service ID: nobody listens on that port). On iWARP it is
+	// the kernel's status, a negative errno: soft-iWARP reports a peer's
+	// reject, and a connection the accepting side dropped during the
+	// handshake, as -ECONNRESET.
+	Reason      int
 	PrivateData []byte // what the peer's Reject sent, if anything
 }
 
 // Error says the connection was refused and why: for reason 8, that
-// nobody listens on that port; otherwise the peer's private data, if it
-// sent any.
+// nobody listens on that port; otherwise the reason, and the peer's
+// private data if it sent any.
 func (e *RejectError) Error() string {
 	if e.Reason == rejectNoListener {
 		return "cm: connection refused: nobody listens on that port (IB CM reject reason 8, invalid service ID)"
 	}
+	why := fmt.Sprintf("IB CM reject reason %d", e.Reason)
+	if e.Reason < 0 {
+		why = fmt.Sprintf("iWARP status %d, %v", e.Reason, syscall.Errno(-e.Reason))
+	}
 	data := bytes.TrimRight(e.PrivateData, "\x00") // the CM pads it with zeros
 	if len(data) == 0 {
-		return fmt.Sprintf("cm: connection refused by the peer (IB CM reject reason %d)", e.Reason)
+		return fmt.Sprintf("cm: connection refused by the peer (%s)", why)
 	}
-	return fmt.Sprintf("cm: connection refused by the peer (IB CM reject reason %d, private data %q)", e.Reason, data)
+	return fmt.Sprintf("cm: connection refused by the peer (%s, private data %q)", why, data)
 }
 
 // rejectNoListener is the IB CM's reject reason when no listener has the

@@ -209,6 +209,14 @@ func TestRejectWithPrivateData(t *testing.T) {
 	var rej *cm.RejectError
 	require.ErrorAs(t, err, &rej)
 	require.True(t, bytes.HasPrefix(rej.PrivateData, []byte("go away: hello")), "reject data %q", rej.PrivateData)
+	// The reason is the IB CM's "consumer defined" (28), or on iWARP the
+	// kernel's status, a negative errno.
+	if rxetest.IWARP() {
+		require.Negative(t, rej.Reason)
+		require.ErrorContains(t, err, "iWARP status")
+	} else {
+		require.Equal(t, 28, rej.Reason)
+	}
 }
 
 func TestPrivateDataBothWays(t *testing.T) {
