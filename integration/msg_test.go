@@ -539,12 +539,7 @@ func TestRPCCallRegion(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 
-	writeOnly, err := bufpool.NewRegion(cl.PD(), 1<<16, bufpool.RemoteWrite)
-	require.NoError(t, err)
-	defer writeOnly.Close()
-	closed, err := bufpool.NewRegion(cl.PD(), 1<<16, bufpool.RemoteRead)
-	require.NoError(t, err)
-	require.NoError(t, closed.Close())
+	writeOnly, others, closed := refusedRegions(t, ctx, cl.PD())
 	sentBefore := cl.Stats().Conn.MessagesSent - cl.Stats().Conn.CreditMessagesSent
 	for name, refusal := range map[string]struct {
 		region *bufpool.Region
@@ -552,6 +547,7 @@ func TestRPCCallRegion(t *testing.T) {
 		want   error
 	}{
 		"not readable": {writeOnly, 1 << 16, endpoint.ErrInvalid},
+		"another PD":   {others, 1 << 16, endpoint.ErrInvalid},
 		"closed":       {closed, 1 << 16, bufpool.ErrClosed},
 		"past its end": {region, size + 1, bufpool.ErrRange},
 		"nil":          {nil, 1, endpoint.ErrInvalid},
@@ -567,6 +563,27 @@ func TestRPCCallRegion(t *testing.T) {
 	got, err := cl.Call(ctx, "echo", []byte("still here"))
 	require.NoError(t, err)
 	require.Equal(t, "still here", string(got))
+}
+
+// refusedRegions makes 64 KiB regions that a call lending them must
+// refuse before it sends anything, beside pd's readable ones: one
+// registered without remote read, one of another PD, and one closed. They
+// are closed when the test ends.
+func refusedRegions(t *testing.T, ctx context.Context, pd *bufpool.PD) (writeOnly, others, closed *bufpool.Region) {
+	t.Helper()
+	writeOnly, err := bufpool.NewRegion(pd, 1<<16, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { writeOnly.Close() })
+	otherPD, err := bufpool.OpenPD(ctx, rxetest.Addr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { otherPD.Close() })
+	others, err = bufpool.NewRegion(otherPD, 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	t.Cleanup(func() { others.Close() })
+	closed, err = bufpool.NewRegion(pd, 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	return writeOnly, others, closed
 }
 
 // sumWords is rpcHandler's "sum" of b: its whole little-endian 8-byte
@@ -1264,15 +1281,7 @@ func TestMsgSendRegion(t *testing.T) {
 		"the sender took no rendezvous region of its own")
 	require.Equal(t, before.RendezvousSent+3, after.RendezvousSent, "the three above MaxInline went by rendezvous")
 
-	writeOnly, err := bufpool.NewRegion(client.PD(), 1<<16, bufpool.RemoteWrite)
-	require.NoError(t, err)
-	defer writeOnly.Close()
-	others, err := bufpool.NewRegion(server.PD(), 1<<16, bufpool.RemoteRead)
-	require.NoError(t, err)
-	defer others.Close()
-	closed, err := bufpool.NewRegion(client.PD(), 1<<16, bufpool.RemoteRead)
-	require.NoError(t, err)
-	require.NoError(t, closed.Close())
+	writeOnly, others, closed := refusedRegions(t, ctx, client.PD())
 	for name, refusal := range map[string]struct{ err, want error }{
 		"not readable":      {client.SendRegion(ctx, writeOnly, 1<<16), endpoint.ErrInvalid},
 		"another PD":        {client.SendRegion(ctx, others, 1<<16), endpoint.ErrInvalid},
