@@ -143,7 +143,7 @@ type Conn struct {
 
 	inbox chan arrival
 	// router sees each arrival before the inbox (setRouter); nil: none.
-	router atomic.Pointer[func(arrival) bool]
+	router atomic.Pointer[func(arrival) routing]
 	// The peer's half-close: handle holds its TypeCloseWrite (heldEOF) while
 	// rendezvous reads announced before it are in flight (rvReads), then
 	// puts it in the inbox after their messages; the first RecvMessage to

@@ -106,17 +106,30 @@ func (c *Conn) ended() {
 // request straight to its handler, with no goroutine hand-off in between.
 // Everything else goes to the inbox, in order.
 func (c *Conn) deliver(r arrival) {
-	if route := c.router.Load(); route != nil && (*route)(r) {
-		return
+	if route := c.router.Load(); route != nil {
+		switch (*route)(r) {
+		case routed:
+			return
+		case toInboxHanded:
+			r.handed = true
+		}
 	}
 	c.inbox <- r
 }
 
+// routing is a router's verdict on an arrival (setRouter).
+type routing uint8
+
+const (
+	toInbox       routing = iota // the inbox takes it, in order
+	routed                       // the router took it, and owns it
+	toInboxHanded                // the inbox takes it, marked handed (serveConn)
+)
+
 // setRouter makes route the first to see every message that arrives from
-// now on; it takes (true) or leaves to the inbox (false). route runs in the
-// connection's completion handler (handle): it must not block, and it owns what it
-// takes (it releases it).
-func (c *Conn) setRouter(route func(arrival) bool) { c.router.Store(&route) }
+// now on. route runs in the connection's completion handler (handle): it
+// must not block, and it owns what it takes (it releases it).
+func (c *Conn) setRouter(route func(arrival) routing) { c.router.Store(&route) }
 
 // endReceives says every message that arrived is in the inbox
 // (recvEnded). Idempotent.

@@ -92,7 +92,7 @@ func (cl *Client) run() {
 			}
 			return
 		}
-		if !cl.route(m) {
+		if cl.route(m) == toInbox {
 			cl.c.fail(fmt.Errorf("%w: a client received a %v message", ErrMalformed, m.typ))
 			cl.c.release(m)
 			return
@@ -100,12 +100,13 @@ func (cl *Client) run() {
 	}
 }
 
-// route hands a response to its caller; false for any other message. The
-// connection's completion handler calls it for every arrival (setRouter), and
-// run for those that arrived before the Client was made. It never blocks.
-func (cl *Client) route(m arrival) bool {
+// route hands a response to its caller, and leaves any other message to
+// the inbox. The connection's completion handler calls it for every arrival
+// (setRouter), and run for those that arrived before the Client was made.
+// It never blocks.
+func (cl *Client) route(m arrival) routing {
 	if m.typ != TypeResponse && m.typ != TypeError {
-		return false
+		return toInbox
 	}
 	cl.mu.Lock()
 	ch, ok := cl.pending[m.id]
@@ -122,7 +123,7 @@ func (cl *Client) route(m arrival) bool {
 	if !ok { // the caller gave up
 		cl.c.release(m)
 	}
-	return true
+	return routed
 }
 
 // Call sends a request and waits for its response, until ctx ends (the
@@ -347,19 +348,17 @@ func (s *Server) serveConn(c *Conn) {
 	defer s.connWG.Done()
 	ctx := context.WithValue(contextUntil(c.Done()), peerKey{}, c.RemoteAddr())
 	var waiting atomic.Bool // the token is out: the next request is this goroutine's
-	c.setRouter(func(m arrival) bool {
+	c.setRouter(func(m arrival) routing {
 		if m.typ != TypeRequest {
-			return false // to the inbox
+			return toInbox
 		}
 		if waiting.CompareAndSwap(true, false) {
-			m.handed = true
-			c.inbox <- m // room for every receive, as deliver's
-			return true
+			return toInboxHanded
 		}
 		if err := s.start(ctx, c, m, true); err != nil {
 			c.fail(err)
 		}
-		return true
+		return routed
 	})
 	out := false // a token was given and its request has not come back yet
 	for {
