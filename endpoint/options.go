@@ -11,7 +11,11 @@ type PollMode int
 
 const (
 	// PollEvent sleeps on the completion channel between completions
-	// (cheapest CPU, highest latency). The default.
+	// (cheapest CPU, highest latency). The default. A process whose
+	// goroutines all sleep this way lets Go's system monitor park, and
+	// pays for waking it on each message; GODEBUG=schedtrace=2147483647
+	// in the environment keeps it awake (docs/DESIGN.md, "Event mode and
+	// the Go runtime").
 	PollEvent PollMode = iota
 	// PollBusy polls the CQ without sleeping: lowest latency, one core busy
 	// per endpoint while it is open (the caller's, while it waits in Next).

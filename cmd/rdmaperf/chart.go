@@ -90,7 +90,7 @@ type bar struct {
 // for each RPC row (calls/s against the device's message rate, the
 // table's ratio) and the connection set-up rate and teardown time against
 // cmtime's.
-func chartBars(rows []row, rpc []rpcRow, conn connectRow) []bar {
+func chartBars(rows []row, rpc []rpcRow, conn connectRow, monitor []monitorRow) []bar {
 	var out []bar
 	for _, r := range rows {
 		if r.Perftest > 0 && r.Ours > 0 {
@@ -107,6 +107,11 @@ func chartBars(rows []row, rpc []rpcRow, conn connectRow) []bar {
 	}
 	if conn.TeardownMs > 0 && conn.CmtimeTeardownMs > 0 {
 		out = append(out, bar{fmt.Sprintf("connect teardown %d", connectIters), conn.CmtimeTeardownMs / conn.TeardownMs})
+	}
+	for _, r := range monitor {
+		if r.Anchor > 0 && r.Awake > 0 {
+			out = append(out, bar{r.Case.chartLabel(), r.speed(r.Awake)})
+		}
 	}
 	return out
 }

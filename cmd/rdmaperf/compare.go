@@ -177,6 +177,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	case slices.Equal(set.tests, []string{"connect"}):
 		_, err := compareConnect(ctx, self, host, nextPort, set.repeat)
 		return err
+	case slices.Equal(set.tests, []string{"monitor"}):
+		_, err := compareMonitor(ctx, self, device, host, nextPort, set.repeat)
+		return err
 	}
 	var rows []row
 	add := func(r row) {
@@ -266,17 +269,21 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	if err != nil {
 		return err
 	}
+	monitor, err := compareMonitor(ctx, self, device, host, nextPort, set.repeat)
+	if err != nil {
+		return err
+	}
 	if out == "" {
 		return nil
 	}
-	sections := rpcTable(rpc) + connectTable(conn)
+	sections := rpcTable(rpc) + connectTable(conn) + monitorTable(monitor)
 	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md
 		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
 	}
 	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
 		return err
 	}
-	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn))
+	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn, monitor))
 }
 
 // runPerftest runs a perftest server in the background and its client, over
@@ -327,11 +334,18 @@ func parsePerftest(text string, col int) (float64, error) {
 
 // runOurs runs rdmaperf's server (waiting for "ready") and client.
 func runOurs(ctx context.Context, self, test, host string, port, size, iters int, poll string, flags ...string) (result, error) {
+	return runOursEnv(ctx, nil, self, test, host, port, size, iters, poll, flags...)
+}
+
+// runOursEnv is runOurs with env added to both processes' environment.
+func runOursEnv(ctx context.Context, env []string, self, test, host string, port, size, iters int, poll string, flags ...string) (result, error) {
 	ctx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
 	addr := fmt.Sprintf("%s:%d", host, port)
 	common := append([]string{"-test", test, "-size", strconv.Itoa(size), "-iters", strconv.Itoa(iters), "-addr", addr, "-poll", poll}, flags...)
+	environ := append(os.Environ(), env...) // a later entry wins
 	srv := exec.CommandContext(ctx, self, append([]string{"-mode", "server"}, common...)...)
+	srv.Env = environ
 	stdout, err := srv.StdoutPipe()
 	if err != nil {
 		return result{}, err
@@ -346,6 +360,7 @@ func runOurs(ctx context.Context, self, test, host string, port, size, iters int
 	}
 	go io.Copy(io.Discard, stdout)
 	cl := exec.CommandContext(ctx, self, append([]string{"-mode", "client", "-json"}, common...)...)
+	cl.Env = environ
 	cl.Stderr = os.Stderr
 	b, err := cl.Output()
 	if err != nil {

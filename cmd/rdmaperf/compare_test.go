@@ -112,13 +112,20 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	}
 	rpc := []rpcRow{{Callers: 64, Calls: 4000, Rate: 40000}, {Callers: 1, Calls: 700}} // no rate: not charted
 	conn := connectRow{Conns: 150, CmtimeConns: 600, TeardownMs: 900, CmtimeTeardownMs: 360}
-	got := chartBars(rows, rpc, conn)
-	require.Len(t, got, 5)
+	monitor := []monitorRow{
+		{Case: monitorCases[0], Anchor: 150, Awake: 200},
+		{Case: monitorCases[3], Anchor: 40000, Awake: 8000},
+		{Case: monitorCases[1], Awake: 200}, // no anchor: not charted
+	}
+	got := chartBars(rows, rpc, conn, monitor)
+	require.Len(t, got, 7)
 	assert.Equal(t, bar{"send_bw 64K busy", 0.5}, got[0], "bandwidth: ours / perftest")
 	assert.Equal(t, bar{"send_lat 64 event", 0.5}, got[1], "latency: perftest / ours, so that higher is faster")
 	assert.Equal(t, bar{"rpc 64 x64 callers event", 0.1}, got[2], "rpc: calls/s against messages/s, as in its table")
 	assert.Equal(t, bar{"connect set-up 500", 0.25}, got[3], "set-up: our rate / cmtime's")
 	assert.Equal(t, bar{"connect teardown 500", 0.4}, got[4], "teardown: cmtime's time / ours")
+	assert.Equal(t, bar{"send_lat 64 event, sysmon awake", 0.75}, got[5], "latency: the anchor / ours")
+	assert.Equal(t, bar{"rpc 64 x64 callers event, sysmon awake", 0.2}, got[6], "rpc: calls/s / messages/s")
 	assert.Equal(t, "64K", sizeLabel(65536))
 	path := filepath.Join(t.TempDir(), "bench.png")
 	require.NoError(t, writeChart(path, got))
@@ -127,7 +134,7 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	defer f.Close()
 	img, err := png.Decode(f)
 	require.NoError(t, err)
-	assert.Greater(t, img.Bounds().Dy(), 5*14, "a bar per charted row")
+	assert.Greater(t, img.Bounds().Dy(), 7*14, "a bar per charted row")
 }
 
 // make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
@@ -195,6 +202,17 @@ func TestRPCTableRatiosAgainstTheMessageRate(t *testing.T) {
 	})
 	assert.Contains(t, md, "| 16 | 5000 | 3100 | 9000 | 50000 | 0.100 | 4800-5300 | 41000-54000 |\n")
 	assert.Contains(t, md, "| 64 | 4000 | 15000 | 30000 | n/a | n/a | 4000-4000 | n/a |\n")
+}
+
+func TestMonitorTableComparesBothRuntimesWithOneAnchor(t *testing.T) {
+	md := monitorTable([]monitorRow{
+		{Case: monitorCases[0], Anchor: 150, Default: 240, Awake: 180,
+			AnchorRuns: []float64{140, 150}, DefaultRuns: []float64{230, 240}, AwakeRuns: []float64{170, 180}},
+		{Case: monitorCases[3], Default: 6400, Awake: 9400, DefaultRuns: []float64{6400}, AwakeRuns: []float64{9400}},
+	})
+	assert.Contains(t, md, "| send_lat 64 B, µs | 150.0 | 240.0 | 1.600 | 180.0 | 1.200 | 140.00-150.00 | 230.00-240.00 | 170.00-180.00 |\n")
+	assert.Contains(t, md, "| rpc 64 B, 64 callers, calls/s | n/a | 6400.0 | n/a | 9400.0 | n/a |", "no anchor run: no ratio")
+	assert.Contains(t, md, monitorAwake)
 }
 
 // cmtimeOutput is what cmtime -s printed for 500 connections on rxe0.
