@@ -238,14 +238,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 						fmt.Fprintf(os.Stderr, "rdmaperf %s %d B %s failed, its figure is left out: %v\n", test, size, poll, err)
 						continue
 					}
-					v := r.BW
-					switch {
-					case test == "stream_lat": // rstream reports the average
-						v = r.Avg
-					case lat:
-						v = r.Typical
-					}
-					ours[poll] = append(ours[poll], v)
+					ours[poll] = append(ours[poll], figureOf(test, r))
 				}
 				if i%2 == 1 {
 					perftest()
@@ -284,6 +277,21 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		return err
 	}
 	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn, monitor))
+}
+
+// figureOf is the figure of r a comparison uses: calls/s for RPC, the
+// average for stream_lat (rstream reports that), t_typical for the other
+// latency tests, MiB/s for the rest.
+func figureOf(test string, r result) float64 {
+	switch {
+	case test == "rpc":
+		return r.Calls
+	case test == "stream_lat":
+		return r.Avg
+	case strings.HasSuffix(test, "_lat"):
+		return r.Typical
+	}
+	return r.BW
 }
 
 // runPerftest runs a perftest server in the background and its client, over

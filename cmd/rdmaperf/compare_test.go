@@ -263,3 +263,12 @@ func TestGivenSizesReplaceTheFixedOnes(t *testing.T) {
 		assert.Equal(t, []int{4096}, set.sizesOf(test), "-sizes 4096 with -test %s", test)
 	}
 }
+
+func TestFigureOfEachTest(t *testing.T) {
+	r := result{BW: 40, Typical: 12, Avg: 15, Calls: 900}
+	assert.Equal(t, 40.0, figureOf("send_bw", r))
+	assert.Equal(t, 40.0, figureOf("rendezvous", r))
+	assert.Equal(t, 12.0, figureOf("send_lat", r), "latency: t_typical")
+	assert.Equal(t, 15.0, figureOf("stream_lat", r), "rstream reports the average")
+	assert.Equal(t, 900.0, figureOf("rpc", r))
+}

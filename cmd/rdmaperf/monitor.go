@@ -94,7 +94,7 @@ func compareMonitor(ctx context.Context, self, device, host string, nextPort fun
 				if err != nil {
 					return nil, fmt.Errorf("%s (sysmon awake %v): %w", c.name, awake, err)
 				}
-				v := monitorFigure(c, res)
+				v := figureOf(c.test, res)
 				if awake {
 					r.AwakeRuns = append(r.AwakeRuns, v)
 				} else {
@@ -114,26 +114,10 @@ func compareMonitor(ctx context.Context, self, device, host string, nextPort fun
 // monitorAnchor is a case's C tool, as the main tables run it:
 // ib_send_lat -e, rstream, ib_send_bw's message rate.
 func monitorAnchor(ctx context.Context, c monitorCase, device, host string, port, iters int) (float64, error) {
-	switch c.test {
-	case "rpc":
-		rate, err := runPerftest(ctx, "ib_send_bw", device, host, port, 64, defaultIters("send_bw", 64), colMsgRate)
-		return rate * 1e6, err
-	case "stream_lat":
-		return runRstream(ctx, c.test, host, port, 64, iters)
+	if c.test == "rpc" {
+		return sendBWMsgRate(ctx, device, host, port)
 	}
 	return anchor(ctx, c.test, "event", device, host, port, 64, iters, true)
-}
-
-// monitorFigure is the figure a case compares: t_typical for send_lat,
-// the average for stream_lat (rstream reports that), calls/s for RPC.
-func monitorFigure(c monitorCase, r result) float64 {
-	switch c.test {
-	case "rpc":
-		return r.Calls
-	case "stream_lat":
-		return r.Avg
-	}
-	return r.Typical
 }
 
 // monitorTable is the monitor rows as a Markdown section.

@@ -37,12 +37,11 @@ func compareRPC(ctx context.Context, self, device, host string, nextPort func() 
 		r := rpcRow{Callers: callers}
 		var p50s, p99s []float64
 		for range repeat {
-			iters := defaultIters("send_bw", 64)
-			rate, err := runPerftest(ctx, "ib_send_bw", device, host, nextPort(), 64, iters, colMsgRate)
+			rate, err := sendBWMsgRate(ctx, device, host, nextPort())
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "rdmaperf: ib_send_bw 64 B failed, its figure is left out: %v\n", err)
 			} else {
-				r.RateRuns = append(r.RateRuns, rate*1e6)
+				r.RateRuns = append(r.RateRuns, rate)
 			}
 			res, err := runOurs(ctx, self, "rpc", host, nextPort(), 64, defaultIters("rpc", 64), "event", "-callers", strconv.Itoa(callers))
 			if err != nil {
@@ -57,6 +56,13 @@ func compareRPC(ctx context.Context, self, device, host string, nextPort func() 
 		rows = append(rows, r)
 	}
 	return rows, nil
+}
+
+// sendBWMsgRate is the RPC rows' anchor: ib_send_bw -s 64's message rate,
+// in messages/s.
+func sendBWMsgRate(ctx context.Context, device, host string, port int) (float64, error) {
+	rate, err := runPerftest(ctx, "ib_send_bw", device, host, port, 64, defaultIters("send_bw", 64), colMsgRate)
+	return rate * 1e6, err
 }
 
 // rpcTable is the RPC rows as a Markdown section.
