@@ -90,21 +90,19 @@ test: vet test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wir
 demo: build
 	$(RXEVM) sh -c '$(CURDIR)/bin/echo -mode demo && $(CURDIR)/bin/rpc -mode demo && $(CURDIR)/bin/grpc -mode demo'
 
-# perftest and rdmaperf in turn in one guest boot, three times each (medians): a table on stdout,
-# BENCHMARKS.md and bench.png here; then gRPC over rdmanet against gRPC over
-# TCP in one guest (printed; no C tool to compare with), and the go
-# benchmarks of the hot paths.
+# perftest and rdmaperf in turn in one guest boot, three times each (medians), then gRPC over
+# rdmanet against gRPC over TCP (examples/grpc's bench): a table on stdout,
+# BENCHMARKS.md and bench.png here; then the go benchmarks of the hot paths.
 # The guest may run 45 min, not rxevm's default 20: three rounds take 13-19
 # min on this project's machines.
 #
 # make bench DEVICE=siw runs the comparison on soft-iWARP instead and writes
-# its own section of BENCHMARKS.md; the go benchmarks run on rxe only.
+# its own section of BENCHMARKS.md; the gRPC rows and the go benchmarks run on rxe only.
 DEVICE ?= rxe
 bench: build
 	RDMAPERF_HOST="$$(uname -n), $$(nproc) cores, $$(. /etc/os-release; echo $$PRETTY_NAME)" \
 	  $(RXEVM) -device $(DEVICE) -timeout 45m -w $(CURDIR) $(CURDIR)/bin/rdmaperf -compare -repeat 3 -out $(CURDIR)
 	if [ "$(DEVICE)" = rxe ]; then \
-	  $(RXEVM) sh -c 'for n in 1 16; do $(CURDIR)/bin/grpc -mode bench -count 4000 -callers $$n || exit; done' && \
 	  $(GO) test -run '^$$' -bench . -benchmem ./msg && \
 	  $(GO) test -run '^$$' -bench . -benchmem -exec $(RXEVM) ./integration; fi
 

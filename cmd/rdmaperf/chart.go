@@ -88,9 +88,10 @@ type bar struct {
 // chartBars are a bar for each row of the table that has both figures, in
 // the table's order (bandwidth ours/anchor, latency anchor/ours), then one
 // for each RPC row (calls/s against the device's message rate, the
-// table's ratio) and the connection set-up rate and teardown time against
-// cmtime's.
-func chartBars(rows []row, rpc []rpcRow, conn connectRow, monitor []monitorRow) []bar {
+// table's ratio), the connection set-up rate and teardown time against
+// cmtime's, event mode with sysmon awake against its anchor, and gRPC's
+// calls/s over rdmanet against over TCP.
+func chartBars(rows []row, rpc []rpcRow, conn connectRow, monitor []monitorRow, grpc []grpcRow) []bar {
 	var out []bar
 	for _, r := range rows {
 		if r.Perftest > 0 && r.Ours > 0 {
@@ -111,6 +112,11 @@ func chartBars(rows []row, rpc []rpcRow, conn connectRow, monitor []monitorRow) 
 	for _, r := range monitor {
 		if r.Anchor > 0 && r.Awake > 0 {
 			out = append(out, bar{r.Case.chartLabel(), r.speed(r.Awake)})
+		}
+	}
+	for _, r := range grpc {
+		if r.Rdmanet > 0 && r.TCP > 0 {
+			out = append(out, bar{fmt.Sprintf("grpc 64 x%d callers, rdmanet vs TCP", r.Callers), r.ratio()})
 		}
 	}
 	return out

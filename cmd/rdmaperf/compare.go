@@ -180,6 +180,9 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	case slices.Equal(set.tests, []string{"monitor"}):
 		_, err := compareMonitor(ctx, self, device, host, nextPort, set.repeat)
 		return err
+	case slices.Equal(set.tests, []string{"grpc"}):
+		_, err := compareGRPC(ctx, self, host, set.repeat)
+		return err
 	}
 	var rows []row
 	add := func(r row) {
@@ -266,17 +269,25 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	if err != nil {
 		return err
 	}
+	sections := rpcTable(rpc) + connectTable(conn) + monitorTable(monitor)
+	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md, without gRPC
+		if out == "" {
+			return nil
+		}
+		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
+	}
+	grpc, err := compareGRPC(ctx, self, host, set.repeat)
+	if err != nil {
+		return err
+	}
 	if out == "" {
 		return nil
 	}
-	sections := rpcTable(rpc) + connectTable(conn) + monitorTable(monitor)
-	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md
-		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
-	}
+	sections += grpcTable(grpc)
 	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
 		return err
 	}
-	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn, monitor))
+	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn, monitor, grpc))
 }
 
 // figureOf is the figure of r a comparison uses: calls/s for RPC, the

@@ -117,8 +117,9 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 		{Case: monitorCases[3], Anchor: 40000, Awake: 8000},
 		{Case: monitorCases[1], Awake: 200}, // no anchor: not charted
 	}
-	got := chartBars(rows, rpc, conn, monitor)
-	require.Len(t, got, 7)
+	grpc := []grpcRow{{Callers: 16, Rdmanet: 2700, TCP: 3000}, {Callers: 1, Rdmanet: 500}} // no TCP figure: not charted
+	got := chartBars(rows, rpc, conn, monitor, grpc)
+	require.Len(t, got, 8)
 	assert.Equal(t, bar{"send_bw 64K busy", 0.5}, got[0], "bandwidth: ours / perftest")
 	assert.Equal(t, bar{"send_lat 64 event", 0.5}, got[1], "latency: perftest / ours, so that higher is faster")
 	assert.Equal(t, bar{"rpc 64 x64 callers event", 0.1}, got[2], "rpc: calls/s against messages/s, as in its table")
@@ -126,6 +127,7 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	assert.Equal(t, bar{"connect teardown 500", 0.4}, got[4], "teardown: cmtime's time / ours")
 	assert.Equal(t, bar{"send_lat 64 event, sysmon awake", 0.75}, got[5], "latency: the anchor / ours")
 	assert.Equal(t, bar{"rpc 64 x64 callers event, sysmon awake", 0.2}, got[6], "rpc: calls/s / messages/s")
+	assert.Equal(t, bar{"grpc 64 x16 callers, rdmanet vs TCP", 0.9}, got[7], "grpc: calls/s over rdmanet / over TCP")
 	assert.Equal(t, "64K", sizeLabel(65536))
 	path := filepath.Join(t.TempDir(), "bench.png")
 	require.NoError(t, writeChart(path, got))
@@ -134,7 +136,7 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	defer f.Close()
 	img, err := png.Decode(f)
 	require.NoError(t, err)
-	assert.Greater(t, img.Bounds().Dy(), 7*14, "a bar per charted row")
+	assert.Greater(t, img.Bounds().Dy(), 8*14, "a bar per charted row")
 }
 
 // make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
@@ -271,4 +273,26 @@ func TestFigureOfEachTest(t *testing.T) {
 	assert.Equal(t, 12.0, figureOf("send_lat", r), "latency: t_typical")
 	assert.Equal(t, 15.0, figureOf("stream_lat", r), "rstream reports the average")
 	assert.Equal(t, 900.0, figureOf("rpc", r))
+}
+
+// The gRPC rows read grpc -mode bench -json's lines, one per transport,
+// and refuse output that lacks a transport or ran another load.
+func TestParseGRPCBench(t *testing.T) {
+	out := `{"transport":"rdmanet","size":64,"callers":16,"calls":4000,"calls_per_s":2717.5,"p50_us":5400.2,"p99_us":9000,"stream_msgs_per_s":27728}
+{"transport":"tcp","size":64,"callers":16,"calls":4000,"calls_per_s":2627,"p50_us":5800,"p99_us":9900,"stream_msgs_per_s":33103}
+`
+	got, err := parseGRPCBench(out, 16)
+	require.NoError(t, err)
+	assert.Equal(t, grpcReport{Transport: "rdmanet", Callers: 16, CallsPerSec: 2717.5, P50: 5400.2}, got["rdmanet"])
+	assert.Equal(t, grpcReport{Transport: "tcp", Callers: 16, CallsPerSec: 2627, P50: 5800}, got["tcp"])
+	_, err = parseGRPCBench(out, 1)
+	assert.ErrorContains(t, err, "ran 16 callers, not 1")
+	_, err = parseGRPCBench(strings.SplitAfter(out, "\n")[0], 16)
+	assert.ErrorContains(t, err, "no figure over tcp")
+	_, err = parseGRPCBench("grpc over rdmanet, 64 B, 16 callers: 4000 unary calls\n", 16)
+	assert.ErrorContains(t, err, "grpc bench printed")
+
+	table := grpcTable([]grpcRow{{Callers: 16, Rdmanet: 2700, TCP: 3000, RdmanetP50: 5400, TCPP50: 5800,
+		RdmanetRuns: []float64{2600, 2700, 2800}, TCPRuns: []float64{2900, 3000, 3100}}})
+	assert.Contains(t, table, "| 16 | 2700 | 3000 | 0.90 | 5400 | 5800 | 2600.00-2800.00 | 2900.00-3100.00 |")
 }

@@ -80,7 +80,7 @@ func main() {
 	mode := flag.String("mode", "", "server or client")
 	compare := flag.Bool("compare", false, "run perftest and rdmaperf in turn (needs rxe0; run under bin/rxevm)")
 	out := flag.String("out", "", "with -compare: write BENCHMARKS.md and bench.png here")
-	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, stream_bw, stream_lat, rendezvous, ud_bw, rpc, connect; with -compare also monitor (event mode with Go's system monitor kept awake)")
+	test := flag.String("test", "send_bw", "send_bw, write_bw, read_bw, write_imm_bw, send_lat, write_lat, read_lat, stream_bw, stream_lat, rendezvous, ud_bw, rpc, connect; with -compare also monitor (event mode with Go's system monitor kept awake) and grpc (examples/grpc over rdmanet and TCP)")
 	size := flag.Int("size", 65536, "message size in bytes")
 	sizes := flag.String("sizes", "", "a sweep MIN:MAX of powers of two (e.g. 2:1048576) or a list (64,4096), instead of -size")
 	iters := flag.Int("iters", 0, "iterations (default by size)")

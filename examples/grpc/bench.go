@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -12,10 +15,24 @@ import (
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
+// benchReport is one transport's figures as -json prints them, one object
+// per line (rdmaperf -compare reads them).
+type benchReport struct {
+	Transport   string  `json:"transport"` // rdmanet or tcp
+	Size        int     `json:"size"`
+	Callers     int     `json:"callers"`
+	Calls       int     `json:"calls"`
+	CallsPerSec float64 `json:"calls_per_s"`
+	P50         float64 `json:"p50_us"` // of one unary call
+	P99         float64 `json:"p99_us"`
+	StreamRate  float64 `json:"stream_msgs_per_s"`
+}
+
 // bench runs the same load over rdmanet and over TCP on the same host, in
-// turn, and prints one line for each: the same gRPC code, only the
-// transport differs. The first calls of each warm the connection up.
-func bench(ctx context.Context, addr string, load load) error {
+// turn, and writes one line for each to w (a benchReport's JSON with
+// asJSON): the same gRPC code, only the transport differs. The first calls
+// of each warm the connection up.
+func bench(ctx context.Context, w io.Writer, addr string, load load, asJSON bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
@@ -39,10 +56,22 @@ func bench(ctx context.Context, addr string, load load) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", tr.name, err)
 		}
-		fmt.Printf("grpc over %s, %d B, %d callers: %v\n", tr.name, load.size, load.callers, r)
+		if !asJSON {
+			fmt.Fprintf(w, "grpc over %s, %d B, %d callers: %v\n", tr.name, load.size, load.callers, r)
+			continue
+		}
+		line, err := json.Marshal(benchReport{Transport: tr.name, Size: load.size, Callers: load.callers,
+			Calls: r.calls, CallsPerSec: r.callsPerSecond(), P50: micros(r.p50), P99: micros(r.p99),
+			StreamRate: r.streamedPerSecond()})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s\n", line)
 	}
 	return nil
 }
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 func benchOne(ctx context.Context, listen func() (net.Listener, error), dial grpc.DialOption, l load) (result, error) {
 	ln, err := listen()

@@ -53,9 +53,11 @@ type result struct {
 
 func (r result) callsPerSecond() float64 { return float64(r.calls) / r.unary.Seconds() }
 
+func (r result) streamedPerSecond() float64 { return float64(r.streamed) / r.streaming.Seconds() }
+
 func (r result) String() string {
 	return fmt.Sprintf("%d unary calls: %.0f calls/s, p50 %v, p99 %v; %d stream messages: %.0f/s",
-		r.calls, r.callsPerSecond(), r.p50, r.p99, r.streamed, float64(r.streamed)/r.streaming.Seconds())
+		r.calls, r.callsPerSecond(), r.p50, r.p99, r.streamed, r.streamedPerSecond())
 }
 
 // payload is the n-th message: its number in its first bytes, so that a

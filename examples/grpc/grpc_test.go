@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,10 +61,26 @@ func TestGRPCOverRdmanet(t *testing.T) {
 }
 
 // TestBenchComparesBothTransports: -mode bench's code runs the same load
-// over rdmanet and over TCP without an error (make bench runs it at size).
+// over rdmanet and then over TCP, and -json reports each as one JSON
+// object per line with the load and figures that can be true (rdmaperf
+// -compare reads them; make bench runs it at size).
 func TestBenchComparesBothTransports(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rxetest.CheckResources(t)
-	require.NoError(t, bench(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), load{size: 64, count: 50, callers: 2}))
+	l := load{size: 64, count: 50, callers: 2}
+	var out bytes.Buffer
+	require.NoError(t, bench(ctx, &out, net.JoinHostPort(rxetest.Addr(t), "0"), l, true))
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	require.Len(t, lines, 2, out.String())
+	for i, transport := range []string{"rdmanet", "tcp"} {
+		var r benchReport
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &r), lines[i])
+		require.Equal(t, transport, r.Transport)
+		require.Equal(t, []int{l.size, l.callers, l.count}, []int{r.Size, r.Callers, r.Calls})
+		require.Positive(t, r.CallsPerSec, lines[i])
+		require.Positive(t, r.StreamRate, lines[i])
+		require.Positive(t, r.P50, lines[i])
+		require.LessOrEqual(t, r.P50, r.P99, lines[i])
+	}
 }

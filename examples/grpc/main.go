@@ -6,7 +6,7 @@
 //	grpc -mode server -addr 10.0.0.1:7473
 //	grpc -mode client -addr 10.0.0.1:7473 -size 64 -count 1000
 //	grpc -mode demo     # both in one process, on $RDMACM_TEST_ADDR
-//	grpc -mode bench    # unary calls/s and latency, over rdmanet and over TCP
+//	grpc -mode bench    # unary calls/s and latency, over rdmanet and over TCP (-json: as JSON)
 //
 // The client makes -count unary Echo calls from -callers goroutines, then
 // streams -count messages through one Stream call, checking every byte.
@@ -39,6 +39,7 @@ func main() {
 	size := flag.Int("size", 64, "message size in bytes")
 	count := flag.Int("count", 1000, "unary calls, then stream messages, the client makes")
 	callers := flag.Int("callers", 1, "goroutines making the unary calls")
+	asJSON := flag.Bool("json", false, "bench: print one JSON object per transport")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7473")
 	if err != nil {
@@ -56,7 +57,7 @@ func main() {
 	case "demo":
 		err = demo(ctx, address, load)
 	case "bench":
-		err = bench(ctx, address, load)
+		err = bench(ctx, os.Stdout, address, load, *asJSON)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
