@@ -30,10 +30,13 @@ var ErrNoDevice = errors.New("no RDMA device: load rdma_rxe and create one with 
 	"`rdma link add rxe0 type rxe netdev <if>`, or run under the testbed (bin/rxevm)")
 
 // callError wraps the errno of a failed call with the call's name, so that
-// errors.Is(err, syscall.ECONNREFUSED) and friends work above.
+// errors.Is(err, syscall.ECONNREFUSED) and friends work above. A call that
+// failed without setting errno (a provider that gives up in user space,
+// such as soft-iWARP's when it cannot map a new queue into the process) is
+// EIO, and says that no reason was given.
 func callError(call string, err error) error {
 	if err == nil {
-		err = syscall.EIO
+		return fmt.Errorf("%s: failed without an errno: %w", call, syscall.EIO)
 	}
 	return fmt.Errorf("%s: %w", call, err)
 }
