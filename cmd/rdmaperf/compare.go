@@ -270,20 +270,19 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 		return err
 	}
 	sections := rpcTable(rpc) + connectTable(conn) + monitorTable(monitor)
-	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md, without gRPC
-		if out == "" {
-			return nil
+	var grpc []grpcRow
+	if device == "rxe0" { // gRPC over rdmanet against TCP, on rxe0 only
+		if grpc, err = compareGRPC(ctx, self, host, set.repeat); err != nil {
+			return err
 		}
-		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
-	}
-	grpc, err := compareGRPC(ctx, self, host, set.repeat)
-	if err != nil {
-		return err
+		sections += grpcTable(grpc)
 	}
 	if out == "" {
 		return nil
 	}
-	sections += grpcTable(grpc)
+	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md
+		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
+	}
 	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
 		return err
 	}
