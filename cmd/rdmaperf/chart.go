@@ -46,8 +46,8 @@ func writeChart(path string, bars []bar) error {
 		}
 		text(px(v)-12, h-bottom+16, label, black)
 	}
-	text(8, 20, "Speed relative to the C tool in the same boot, rxe0 under TCG (bandwidth ours/theirs, latency theirs/ours):", black)
-	text(8, 36, "right of 1x is faster than perftest, rstream or cmtime, left slower (rpc: calls/s against ib_send_bw msg/s); log scale.", black)
+	text(8, 20, "Speed relative to the anchor in the same boot, rxe0 under TCG (bandwidth ours/theirs, latency theirs/ours):", black)
+	text(8, 36, "right of 1x is faster than perftest, rstream, cmtime (grpc: TCP), left slower (rpc: calls/s vs ib_send_bw msg/s); log scale.", black)
 	slower, faster := color.RGBA{214, 39, 40, 255}, color.RGBA{44, 160, 44, 255}
 	for i, b := range bars {
 		y := top + i*rowH + rowH/2

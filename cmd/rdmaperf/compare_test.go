@@ -116,10 +116,11 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 		{Case: monitorCases[0], Anchor: 150, Awake: 200},
 		{Case: monitorCases[3], Anchor: 40000, Awake: 8000},
 		{Case: monitorCases[1], Awake: 200}, // no anchor: not charted
+		{Case: monitorCases[4], Anchor: 40, Awake: 44},
 	}
 	grpc := []grpcRow{{Callers: 16, Rdmanet: 2700, TCP: 3000}, {Callers: 1, Rdmanet: 500}} // no TCP figure: not charted
 	got := chartBars(rows, rpc, conn, monitor, grpc)
-	require.Len(t, got, 8)
+	require.Len(t, got, 9)
 	assert.Equal(t, bar{"send_bw 64K busy", 0.5}, got[0], "bandwidth: ours / perftest")
 	assert.Equal(t, bar{"send_lat 64 event", 0.5}, got[1], "latency: perftest / ours, so that higher is faster")
 	assert.Equal(t, bar{"rpc 64 x64 callers event", 0.1}, got[2], "rpc: calls/s against messages/s, as in its table")
@@ -127,7 +128,8 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	assert.Equal(t, bar{"connect teardown 500", 0.4}, got[4], "teardown: cmtime's time / ours")
 	assert.Equal(t, bar{"send_lat 64 event, sysmon awake", 0.75}, got[5], "latency: the anchor / ours")
 	assert.Equal(t, bar{"rpc 64 x64 callers event, sysmon awake", 0.2}, got[6], "rpc: calls/s / messages/s")
-	assert.Equal(t, bar{"grpc 64 x16 callers, rdmanet vs TCP", 0.9}, got[7], "grpc: calls/s over rdmanet / over TCP")
+	assert.Equal(t, bar{"stream_bw 64K event, sysmon awake", 1.1}, got[7], "bandwidth: ours / the anchor")
+	assert.Equal(t, bar{"grpc 64 x16 callers, rdmanet vs TCP", 0.9}, got[8], "grpc: calls/s over rdmanet / over TCP")
 	assert.Equal(t, "64K", sizeLabel(65536))
 	path := filepath.Join(t.TempDir(), "bench.png")
 	require.NoError(t, writeChart(path, got))
@@ -211,9 +213,11 @@ func TestMonitorTableComparesBothRuntimesWithOneAnchor(t *testing.T) {
 		{Case: monitorCases[0], Anchor: 150, Default: 240, Awake: 180,
 			AnchorRuns: []float64{140, 150}, DefaultRuns: []float64{230, 240}, AwakeRuns: []float64{170, 180}},
 		{Case: monitorCases[3], Default: 6400, Awake: 9400, DefaultRuns: []float64{6400}, AwakeRuns: []float64{9400}},
+		{Case: monitorCases[4], Anchor: 40, Default: 36, Awake: 42, AnchorRuns: []float64{40}, DefaultRuns: []float64{36}, AwakeRuns: []float64{42}},
 	})
 	assert.Contains(t, md, "| send_lat 64 B, µs | 150.0 | 240.0 | 1.600 | 180.0 | 1.200 | 140.00-150.00 | 230.00-240.00 | 170.00-180.00 |\n")
 	assert.Contains(t, md, "| rpc 64 B, 64 callers, calls/s | n/a | 6400.0 | n/a | 9400.0 | n/a |", "no anchor run: no ratio")
+	assert.Contains(t, md, "| stream_bw 64 KiB, MiB/s | 40.0 | 36.0 | 0.900 | 42.0 | 1.050 |", "bandwidth: ours / the anchor")
 	assert.Contains(t, md, monitorAwake)
 }
 
