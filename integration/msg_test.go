@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -515,47 +516,28 @@ func TestRPCCallRegion(t *testing.T) {
 		"the client took no rendezvous region of its own")
 	require.Equal(t, before.RendezvousSent+uint64(lent), after.RendezvousSent, "lent by rendezvous above MaxInline")
 
-	const callers = 4
-	errs := make(chan error, callers)
-	for i := range callers {
-		go func() {
-			own, err := bufpool.NewRegion(cl.PD(), 256<<10, bufpool.RemoteRead)
+	concurrently(t, 4, func(i int) error {
+		own, err := bufpool.NewRegion(cl.PD(), 256<<10, bufpool.RemoteRead)
+		if err != nil {
+			return err
+		}
+		defer own.Close()
+		pattern(own.Bytes(), 10+i)
+		for range 5 {
+			got, err := cl.CallRegion(ctx, "echo", own, len(own.Bytes()))
 			if err != nil {
-				errs <- err
-				return
+				return err
 			}
-			defer own.Close()
-			pattern(own.Bytes(), 10+i)
-			for range 5 {
-				got, err := cl.CallRegion(ctx, "echo", own, len(own.Bytes()))
-				if err == nil && !bytes.Equal(got, own.Bytes()) {
-					err = fmt.Errorf("caller %d: the echo differs", i)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
+			if !bytes.Equal(got, own.Bytes()) {
+				return fmt.Errorf("caller %d: the echo differs", i)
 			}
-			errs <- nil
-		}()
-	}
-	for range callers {
-		require.NoError(t, <-errs)
-	}
+		}
+		return nil
+	})
 
 	writeOnly, others, closed := refusedRegions(t, ctx, cl.PD())
 	sentBefore := cl.Stats().Conn.MessagesSent - cl.Stats().Conn.CreditMessagesSent
-	for name, refusal := range map[string]struct {
-		region *bufpool.Region
-		n      int
-		want   error
-	}{
-		"not readable": {writeOnly, 1 << 16, endpoint.ErrInvalid},
-		"another PD":   {others, 1 << 16, endpoint.ErrInvalid},
-		"closed":       {closed, 1 << 16, bufpool.ErrClosed},
-		"past its end": {region, size + 1, bufpool.ErrRange},
-		"nil":          {nil, 1, endpoint.ErrInvalid},
-	} {
+	for name, refusal := range lendingRefusals(writeOnly, others, closed, region) {
 		_, err := cl.CallRegion(ctx, "echo", refusal.region, refusal.n)
 		require.ErrorIs(t, err, refusal.want, name)
 	}
@@ -588,6 +570,40 @@ func refusedRegions(t *testing.T, ctx context.Context, pd *bufpool.PD) (writeOnl
 	require.NoError(t, err)
 	require.NoError(t, closed.Close())
 	return writeOnly, others, closed
+}
+
+// regionRefusal is a region a call lending it must refuse before it sends
+// anything, the bytes it is asked to lend, and the error the refusal
+// matches.
+type regionRefusal struct {
+	region *bufpool.Region
+	n      int
+	want   error
+}
+
+// lendingRefusals are refusedRegions' three regions, region read one byte
+// past its end, and no region, as a lending call must refuse them.
+func lendingRefusals(writeOnly, others, closed, region *bufpool.Region) map[string]regionRefusal {
+	return map[string]regionRefusal{
+		"not readable": {writeOnly, 1 << 16, endpoint.ErrInvalid},
+		"another PD":   {others, 1 << 16, endpoint.ErrInvalid},
+		"closed":       {closed, 1 << 16, bufpool.ErrClosed},
+		"past its end": {region, len(region.Bytes()) + 1, bufpool.ErrRange},
+		"nil":          {nil, 1, endpoint.ErrInvalid},
+	}
+}
+
+// concurrently runs f(0) to f(n-1) in goroutines of their own and
+// requires each to return nil.
+func concurrently(t *testing.T, n int, f func(i int) error) {
+	t.Helper()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- f(i) }()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
 }
 
 // sumWords is rpcHandler's "sum" of b: its whole little-endian 8-byte
@@ -1304,4 +1320,132 @@ func TestMsgSendRegion(t *testing.T) {
 	got, err := server.Recv(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "still here", string(got))
+}
+
+// TestRPCRespond: a handler answers with a response lent from a region of
+// its connection's domain (CallPD): the caller gets it byte for byte, from
+// one byte to 1 MiB and across MaxInline, concurrently too, and above
+// MaxInline the server takes no rendezvous region of its own (no copy).
+// What the handler returns after Respond is not sent, and a second
+// Respond fails. Regions Respond must refuse are refused before anything
+// is sent, and the handler then answers as usual. Outside a handler,
+// Respond fails and CallPD is nil.
+func TestRPCRespond(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const bufSize, size = 4096, 1 << 20
+	const maxInline = bufSize - msg.HeaderSize
+	otherPD, err := bufpool.OpenPD(ctx, rxetest.Addr(t))
+	require.NoError(t, err)
+	defer otherPD.Close()
+	others, err := bufpool.NewRegion(otherPD, 1<<16, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer others.Close()
+
+	// Made by the first call, in the domain of the server's connection.
+	var setup sync.Once
+	var region, writeOnly, closed *bufpool.Region
+	var setupErr error
+	handlerErrs := make(chan error, 64)
+	h := func(ctx context.Context, method string, req []byte) ([]byte, error) {
+		setup.Do(func() {
+			pd := msg.CallPD(ctx)
+			if region, setupErr = bufpool.NewRegion(pd, size, bufpool.RemoteRead); setupErr != nil {
+				return
+			}
+			pattern(region.Bytes(), 7)
+			if writeOnly, setupErr = bufpool.NewRegion(pd, 1<<16, bufpool.RemoteWrite); setupErr != nil {
+				return
+			}
+			if closed, setupErr = bufpool.NewRegion(pd, 1<<16, bufpool.RemoteRead); setupErr == nil {
+				setupErr = closed.Close()
+			}
+		})
+		if setupErr != nil {
+			return nil, setupErr
+		}
+		switch method {
+		case "lend":
+			n := int(binary.LittleEndian.Uint32(req))
+			if err := msg.Respond(ctx, region, n); err != nil {
+				return nil, err
+			}
+			if err := msg.Respond(ctx, region, n); !errors.Is(err, endpoint.ErrInvalid) {
+				handlerErrs <- fmt.Errorf("a second Respond: %v, want one matching ErrInvalid", err)
+			}
+			return []byte("not sent"), nil
+		case "refused":
+			for name, r := range lendingRefusals(writeOnly, others, closed, region) {
+				if err := msg.Respond(ctx, r.region, r.n); !errors.Is(err, r.want) {
+					handlerErrs <- fmt.Errorf("Respond with a region %s: %v, want one matching %v", name, err, r.want)
+				}
+			}
+			return []byte("answered"), nil
+		}
+		return nil, fmt.Errorf("no method %q", method)
+	}
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithBufferSize(bufSize))
+	require.NoError(t, err)
+	s := msg.NewServer(h)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, l) }()
+	cl, err := msg.DialClient(ctx, l.Addr().String(), msg.WithBufferSize(bufSize))
+	require.NoError(t, err)
+	lend := func(n int) ([]byte, error) {
+		return cl.Call(ctx, "lend", binary.LittleEndian.AppendUint32(nil, uint32(n)))
+	}
+
+	_, err = lend(1) // makes the regions
+	require.NoError(t, err)
+	before := s.Stats().Conns[0]
+	lent := 0
+	sent := func() uint64 { st := s.Stats().Conns[0]; return st.MessagesSent - st.CreditMessagesSent }
+	for _, n := range []int{size, 100000, maxInline + 1, maxInline, 1} {
+		sentBefore := sent()
+		got, err := lend(n)
+		require.NoError(t, err, "%d bytes", n)
+		require.True(t, bytes.Equal(region.Bytes()[:n], got), "%d bytes: the response differs", n)
+		if n > maxInline {
+			lent++
+		}
+		require.Eventually(t, func() bool { return s.Stats().CallsInFlight == 0 }, 10*time.Second, time.Millisecond,
+			"%d bytes: the handler returned", n) // and whatever it sent is counted
+		require.Equal(t, sentBefore+1, sent(), "%d bytes: one answer, the handler's own return not sent", n)
+	}
+	after := s.Stats().Conns[0]
+	require.Equal(t, before.RegionCacheHits+before.RegionCacheMisses, after.RegionCacheHits+after.RegionCacheMisses,
+		"the server took no rendezvous region of its own")
+	require.Equal(t, before.RendezvousSent+uint64(lent), after.RendezvousSent, "lent by rendezvous above MaxInline")
+
+	concurrently(t, 4, func(i int) error {
+		for range 5 {
+			got, err := lend(256 << 10)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(region.Bytes()[:256<<10], got) {
+				return fmt.Errorf("caller %d: the response differs", i)
+			}
+		}
+		return nil
+	})
+
+	sentBefore := s.Stats().Conns[0].MessagesSent - s.Stats().Conns[0].CreditMessagesSent
+	got, err := cl.Call(ctx, "refused", nil)
+	require.NoError(t, err)
+	require.Equal(t, "answered", string(got), "after the refusals the handler answers as usual")
+	now := s.Stats().Conns[0]
+	require.Equal(t, sentBefore+1, now.MessagesSent-now.CreditMessagesSent, "a refused Respond sends nothing")
+
+	require.ErrorIs(t, msg.Respond(ctx, others, 1), endpoint.ErrInvalid, "outside a handler")
+	require.Nil(t, msg.CallPD(ctx), "outside a handler")
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx)) // waits for the handlers
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	close(handlerErrs)
+	for err := range handlerErrs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, region.Close())
+	require.NoError(t, writeOnly.Close())
 }

@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 
+	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
@@ -116,5 +118,55 @@ func ExampleServer() {
 	// CALL <nil>
 	// true
 	// true msg: lower: remote error (unimplemented): no method "lower": msg: unimplemented
+	// <nil> true
+}
+
+// A handler that answers from memory the server registered once: the
+// server's connections share one protection domain (cm.WithPD), the
+// region lives in it, and Respond lends it, so the caller reads the 1 MiB
+// response straight from it, with no copy on the server.
+func ExampleRespond() {
+	ctx := context.Background()
+	addr := os.Getenv("RDMACM_TEST_ADDR")
+	pd, err := bufpool.OpenPD(ctx, addr)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pd.Close() // after the region, which is closed first
+	blob, err := bufpool.NewRegion(pd, 1<<20, bufpool.RemoteRead)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer blob.Close() // after the server's Shutdown
+	copy(blob.Bytes(), "the blob")
+
+	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"), msg.WithCMOptions(cm.WithPD(pd)))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := msg.NewServer(func(ctx context.Context, method string, req []byte) ([]byte, error) {
+		// Respond returns once the caller's side has read the region.
+		return nil, msg.Respond(ctx, blob, len(blob.Bytes()))
+	})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, l) }()
+
+	cl, err := msg.DialClient(ctx, l.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp, err := cl.Call(ctx, "blob", nil)
+	fmt.Println(len(resp), string(resp[:8]), err)
+
+	if err := cl.Close(); err != nil {
+		fmt.Println(err)
+	}
+	fmt.Println(srv.Shutdown(ctx), errors.Is(<-served, msg.ErrShutdown))
+	// Output:
+	// 1048576 the blob <nil>
 	// <nil> true
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/endpoint"
 )
 
 // Handler serves one call: method and request in, response or error out.
@@ -21,7 +22,8 @@ import (
 // connection does; PeerAddr(ctx) is the caller's address. An error
 // reaches the caller as a *RemoteError with its text and Code (the one it
 // wraps, or CodeUnknown); a panic is recovered, logged, and reaches the
-// caller with CodeInternal. A Mux dispatches by method.
+// caller with CodeInternal. A handler may answer with a response it lends
+// from registered memory instead (Respond). A Mux dispatches by method.
 type Handler func(ctx context.Context, method string, req []byte) ([]byte, error)
 
 // ErrShutdown is returned by Serve after Shutdown.
@@ -398,28 +400,66 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival, concurrent bool)
 		c.release(m)
 		return err
 	}
-	req = append([]byte(nil), req...)
-	id := m.id
+	k := &serverCall{Context: ctx, s: s, c: c, id: m.id, method: method, req: append([]byte(nil), req...)}
 	c.release(m)
 	s.callStarts()
 	c.out.readied.Add(1) // until its response is on its way
-	answer := func() {
-		failed := false
-		defer func() { s.callEnds(failed) }()
-		resp, herr := s.call(ctx, c, method, req)
-		typ := TypeResponse
-		if herr != nil {
-			typ, resp, failed = TypeError, encodeError(herr), true
-		}
-		c.out.readied.Add(-1)
-		c.send(ctx, typ, id, nil, resp) // fails only when the connection has ended
-	}
 	if concurrent {
-		go answer()
+		go k.answer()
 	} else {
-		answer()
+		k.answer()
 	}
 	return nil
+}
+
+// serverCall is one call a Server answers. It is its handler's context:
+// the connection's (which ends with it and carries PeerAddr) and the call
+// itself, for Respond and CallPD. One allocation holds both.
+type serverCall struct {
+	context.Context
+	s      *Server
+	c      *Conn
+	id     uint64
+	method string
+	req    []byte
+	// state is callOpen while the handler may still Respond, then
+	// callResponded (Respond took the answer) or callReturned (what the
+	// handler returns is sent).
+	state atomic.Int32
+}
+
+const (
+	callOpen int32 = iota
+	callResponded
+	callReturned
+)
+
+type callKey struct{}
+
+// Value finds the call for Respond and CallPD, and the connection's
+// values (PeerAddr) through the context it wraps.
+func (k *serverCall) Value(key any) any {
+	if key == (callKey{}) {
+		return k
+	}
+	return k.Context.Value(key)
+}
+
+// answer runs the handler and sends what it returns, unless it answered
+// with Respond.
+func (k *serverCall) answer() {
+	failed := false
+	defer func() { k.s.callEnds(failed) }()
+	resp, herr := k.s.call(k, k.c, k.method, k.req)
+	if !k.state.CompareAndSwap(callOpen, callReturned) {
+		return // Respond sent the answer
+	}
+	typ := TypeResponse
+	if herr != nil {
+		typ, resp, failed = TypeError, encodeError(herr), true
+	}
+	k.c.out.readied.Add(-1)
+	k.c.send(k, typ, k.id, nil, resp) // fails only when the connection has ended
 }
 
 // call runs the handler. A handler that panics fails its call (the caller
@@ -434,6 +474,52 @@ func (s *Server) call(ctx context.Context, c *Conn, method string, req []byte) (
 		}
 	}()
 	return s.h(ctx, method, req)
+}
+
+// Respond answers the call whose handler got ctx (or a context made from
+// it) with the first n bytes of region, lent as Conn.SendRegion lends
+// them: above the connection's MaxInline the caller reads them straight
+// from region, with no copy on this side. region must be registered for
+// remote read in the protection domain of the call's connection
+// (CallPD); a region Respond refuses is refused with SendRegion's errors
+// before anything is sent, and the call is still the handler's to
+// answer. ctx bounds the wait for a credit to offer them, as SendRegion's
+// does; once offered, Respond returns when the caller's side has read the
+// bytes, or the connection has ended: region is then the handler's again.
+//
+// A call is answered once: after a Respond that succeeded, what the
+// handler returns is not sent, and another Respond fails with an error
+// matching endpoint.ErrInvalid, as does a ctx that is not a handler's.
+// Respond must return before the handler does, as net/http's
+// ResponseWriter must not be used after ServeHTTP returns.
+func Respond(ctx context.Context, region *bufpool.Region, n int) error {
+	k, _ := ctx.Value(callKey{}).(*serverCall)
+	if k == nil {
+		return fmt.Errorf("msg: Respond: ctx is not a handler's: %w", endpoint.ErrInvalid)
+	}
+	if !k.state.CompareAndSwap(callOpen, callResponded) {
+		return fmt.Errorf("msg: Respond: the call was answered already: %w", endpoint.ErrInvalid)
+	}
+	k.c.out.readied.Add(-1)
+	if err := k.c.sendLent(ctx, TypeResponse, k.id, nil, region, n); err != nil {
+		// Nothing reached the caller (or the connection has ended, and
+		// nothing will): the handler still answers.
+		k.c.out.readied.Add(1)
+		k.state.Store(callOpen)
+		return err
+	}
+	return nil
+}
+
+// CallPD is the protection domain of the connection that the call whose
+// handler got ctx came on: register the regions Respond lends in it (or
+// share one domain among the server's connections with cm.WithPD). Nil
+// for a ctx that is not a handler's.
+func CallPD(ctx context.Context) *bufpool.PD {
+	if k, _ := ctx.Value(callKey{}).(*serverCall); k != nil {
+		return k.c.PD()
+	}
+	return nil
 }
 
 // callStarts and callEnds count running handlers, callEnds also the calls
