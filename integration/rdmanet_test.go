@@ -26,7 +26,7 @@ import (
 )
 
 // rdmanetPair is a connected pair of rdmanet conns on the device.
-func rdmanetPair(t *testing.T) (c1, c2 net.Conn, stop func(), err error) {
+func rdmanetPair(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
 	ctx := context.Background()
 	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 	if err != nil {
@@ -391,4 +391,122 @@ func helperRdmanetWriter(ctx context.Context, addr string) error {
 			return err
 		}
 	}
+}
+
+// chunkRecorder is an io.Writer that keeps what it is given and the size
+// of each Write.
+type chunkRecorder struct {
+	bytes.Buffer
+	largest int
+}
+
+func (r *chunkRecorder) Write(p []byte) (int, error) {
+	r.largest = max(r.largest, len(p))
+	return r.Buffer.Write(p)
+}
+
+// failingWriter takes up to take bytes of its first Write, then fails it;
+// with bad set it claims more bytes than it was given, as a broken Writer
+// might.
+type failingWriter struct {
+	take int
+	bad  bool
+}
+
+var errWriterFailed = errors.New("the writer failed")
+
+func (w failingWriter) Write(p []byte) (int, error) {
+	if w.bad {
+		return len(p) + 1, nil
+	}
+	return min(w.take, len(p)), errWriterFailed
+}
+
+// TestRdmanetWriteTo: io.Copy from a Conn uses its WriteTo, which hands
+// the writer whole messages straight from the receive buffers (64 KiB
+// Writes, where io.Copy's own buffer holds 32 KiB) and returns nil at the
+// end of data with every byte in order. A writer that fails, or claims
+// more than it was given, ends WriteTo with its error and loses nothing:
+// the bytes it did not take are the next Read's. A passed read deadline
+// fails WriteTo as it fails Read, and Close does not wait for the writer.
+func TestRdmanetWriteTo(t *testing.T) {
+	rxetest.CheckResources(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	reader := c2.(*rdmanet.Conn)
+
+	first := make([]byte, 1000)
+	pattern(first, 7)
+	_, err = c1.Write(first)
+	require.NoError(t, err)
+	n, err := reader.WriteTo(failingWriter{take: 100})
+	require.ErrorIs(t, err, errWriterFailed)
+	require.EqualValues(t, 100, n)
+	n, err = reader.WriteTo(failingWriter{bad: true})
+	require.Error(t, err, "a Writer that claims more than it was given")
+	require.Zero(t, n)
+	rest := make([]byte, 900)
+	_, err = io.ReadFull(c2, rest)
+	require.NoError(t, err)
+	require.Equal(t, first[100:], rest, "what the writers did not take is read next")
+
+	require.NoError(t, c2.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, err = reader.WriteTo(io.Discard)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "a timeout: %v", err)
+	require.NoError(t, c2.SetReadDeadline(time.Time{}))
+
+	body := make([]byte, 1<<20)
+	pattern(body, 8)
+	wrote := make(chan error, 1)
+	go func() {
+		var err error
+		for off := 0; off < len(body) && err == nil; off += 64 << 10 {
+			_, err = c1.Write(body[off : off+64<<10])
+		}
+		wrote <- errors.Join(err, c1.(*rdmanet.Conn).CloseWrite())
+	}()
+	var got chunkRecorder
+	copied, err := io.Copy(&got, c2)
+	require.NoError(t, err, "the end of data is no error")
+	require.NoError(t, <-wrote)
+	require.EqualValues(t, len(body), copied)
+	require.True(t, bytes.Equal(body, got.Bytes()), "the stream differs")
+	require.Equal(t, 64<<10, got.largest, "whole messages, not io.Copy's 32 KiB buffer")
+
+	// Close does not wait for a writer WriteTo is feeding; the message
+	// that writer holds goes back once it returns (CheckResources).
+	c3, c4, stop2, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop2()
+	_, err = c3.Write(first)
+	require.NoError(t, err)
+	w := blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	copying := make(chan error, 1)
+	go func() {
+		_, err := c4.(*rdmanet.Conn).WriteTo(w)
+		copying <- err
+	}()
+	<-w.entered
+	closed := make(chan error, 1)
+	go func() { closed <- c4.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the writer WriteTo was feeding")
+	}
+	close(w.release)
+	require.ErrorIs(t, <-copying, net.ErrClosed)
+}
+
+// blockingWriter's Write says it was entered, then waits for release.
+type blockingWriter struct{ entered, release chan struct{} }
+
+func (w blockingWriter) Write(p []byte) (int, error) {
+	close(w.entered)
+	<-w.release
+	return len(p), nil
 }

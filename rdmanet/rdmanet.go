@@ -60,10 +60,15 @@ func msgOptions(opts []Option) []msg.Option {
 type Conn struct {
 	c *msg.Conn
 
+	// readMu makes Read and WriteTo take turns. bufMu guards the message
+	// bytes are taken from; Close takes it, never readMu, which WriteTo
+	// holds while its writer runs.
 	readMu  sync.Mutex
+	bufMu   sync.Mutex
 	msg     *msg.Message // the message Read is taking bytes from
 	rest    []byte       // its bytes not yet read
 	readErr error        // the stream's end, once seen
+	closed  bool         // Close released msg: a message taken out is released, not put back
 
 	writeMu sync.Mutex
 
@@ -97,8 +102,72 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if ctx := c.readDeadline.context(); ctx.Err() != nil { // as net's: even with bytes waiting
-		return 0, c.opError("read", ctx.Err(), ctx)
+	c.bufMu.Lock()
+	defer c.bufMu.Unlock()
+	if err := c.fill(); err != nil {
+		return 0, err
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+// WriteTo writes the stream to w until the peer's end of data, straight
+// from the receive buffers: io.Copy from a Conn calls it, and the bytes
+// pass through no buffer of io.Copy's. It returns the bytes written and
+// nil at the end of data, or the first error of w or of the reading, which
+// fails as Read does (deadlines included). Bytes w did not take stay in the
+// stream for the next Read or WriteTo.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
+	var written int64
+	for {
+		c.bufMu.Lock()
+		if err := c.fill(); err != nil {
+			c.bufMu.Unlock()
+			if err == io.EOF {
+				return written, nil
+			}
+			return written, err
+		}
+		// The message is this call's while w runs, without bufMu: a
+		// writer that blocks must not hold up Close.
+		m, b := c.msg, c.rest
+		c.msg, c.rest = nil, nil
+		c.bufMu.Unlock()
+		n, err := w.Write(b)
+		if n < 0 || n > len(b) { // a broken Writer: the bytes stay, as io.Copy treats it
+			n = 0
+			err = errors.Join(err, errInvalidWrite)
+		}
+		written += int64(n)
+		if err == nil && n < len(b) {
+			err = io.ErrShortWrite
+		}
+		c.bufMu.Lock()
+		if c.closed {
+			m.Release() // what is left goes with the connection
+		} else {
+			c.msg, c.rest = m, b[n:]
+		}
+		c.bufMu.Unlock()
+		if err != nil {
+			return written, err
+		}
+	}
+}
+
+// errInvalidWrite is a Writer's count outside 0 to what it was given.
+var errInvalidWrite = errors.New("rdmanet: the writer returned an invalid count")
+
+// fill makes sure the stream has bytes at hand (c.rest), taking the next
+// message once the last is used up. It fails once the read deadline has
+// passed, as net's reads do even with bytes waiting, returns io.EOF at the
+// end of data, and the read's error as Read returns it. bufMu is held.
+func (c *Conn) fill() error {
+	if ctx := c.readDeadline.context(); ctx.Err() != nil {
+		return c.opError("read", ctx.Err(), ctx)
 	}
 	for len(c.rest) == 0 {
 		if c.msg != nil {
@@ -106,22 +175,20 @@ func (c *Conn) Read(p []byte) (int, error) {
 			c.msg = nil
 		}
 		if c.readErr != nil {
-			return 0, c.readErr
+			return c.readErr
 		}
 		ctx := c.readDeadline.context()
 		m, err := c.c.RecvMessage(ctx)
 		if err != nil {
 			if err == io.EOF {
 				c.readErr = io.EOF
-				return 0, io.EOF
+				return io.EOF
 			}
-			return 0, c.opError("read", err, ctx)
+			return c.opError("read", err, ctx)
 		}
 		c.msg, c.rest = m, m.Payload
 	}
-	n := copy(p, c.rest)
-	c.rest = c.rest[n:]
-	return n, nil
+	return nil
 }
 
 // Write writes p to the stream, in messages of up to 64 KiB. It returns
@@ -154,16 +221,18 @@ func (c *Conn) Write(p []byte) (int, error) {
 // io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed.
 // Idempotent.
 func (c *Conn) Close() error {
-	err := c.c.Close() // a blocked Read returns, and leaves readMu
+	err := c.c.Close() // a blocked Read returns, and leaves bufMu
 	c.readDeadline.stop()
 	c.writeDeadline.stop()
-	// The message Read was taking bytes from holds registered memory.
-	c.readMu.Lock()
+	// The message Read was taking bytes from holds registered memory;
+	// WriteTo releases the one its writer has, once the writer returns.
+	c.bufMu.Lock()
+	c.closed = true
 	if c.msg != nil {
 		c.msg.Release()
 		c.msg, c.rest = nil, nil
 	}
-	c.readMu.Unlock()
+	c.bufMu.Unlock()
 	if err != nil {
 		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
