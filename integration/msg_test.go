@@ -582,14 +582,16 @@ type regionRefusal struct {
 }
 
 // lendingRefusals are refusedRegions' three regions, region read one byte
-// past its end, and no region, as a lending call must refuse them.
+// past its end or for a negative length, and no region, as a lending call
+// must refuse them.
 func lendingRefusals(writeOnly, others, closed, region *bufpool.Region) map[string]regionRefusal {
 	return map[string]regionRefusal{
-		"not readable": {writeOnly, 1 << 16, endpoint.ErrInvalid},
-		"another PD":   {others, 1 << 16, endpoint.ErrInvalid},
-		"closed":       {closed, 1 << 16, bufpool.ErrClosed},
-		"past its end": {region, len(region.Bytes()) + 1, bufpool.ErrRange},
-		"nil":          {nil, 1, endpoint.ErrInvalid},
+		"not readable":      {writeOnly, 1 << 16, endpoint.ErrInvalid},
+		"another PD":        {others, 1 << 16, endpoint.ErrInvalid},
+		"closed":            {closed, 1 << 16, bufpool.ErrClosed},
+		"past its end":      {region, len(region.Bytes()) + 1, bufpool.ErrRange},
+		"a negative length": {region, -1, bufpool.ErrRange},
+		"nil":               {nil, 1, endpoint.ErrInvalid},
 	}
 }
 
@@ -1302,16 +1304,10 @@ func TestMsgSendRegion(t *testing.T) {
 	require.Equal(t, before.RendezvousSent+3, after.RendezvousSent, "the three above MaxInline went by rendezvous")
 
 	writeOnly, others, closed := refusedRegions(t, ctx, client.PD())
-	for name, refusal := range map[string]struct{ err, want error }{
-		"not readable":      {client.SendRegion(ctx, writeOnly, 1<<16), endpoint.ErrInvalid},
-		"another PD":        {client.SendRegion(ctx, others, 1<<16), endpoint.ErrInvalid},
-		"closed":            {client.SendRegion(ctx, closed, 1<<16), bufpool.ErrClosed},
-		"past its end":      {client.SendRegion(ctx, region, size+1), bufpool.ErrRange},
-		"a negative length": {client.SendRegion(ctx, region, -1), bufpool.ErrRange},
-		"nil":               {client.SendRegion(ctx, nil, 1), endpoint.ErrInvalid},
-	} {
-		require.ErrorIs(t, refusal.err, refusal.want, name)
-		t.Logf("%s: %v", name, refusal.err)
+	for name, refusal := range lendingRefusals(writeOnly, others, closed, region) {
+		err := client.SendRegion(ctx, refusal.region, refusal.n)
+		require.ErrorIs(t, err, refusal.want, name)
+		t.Logf("%s: %v", name, err)
 	}
 	dataSent := func(s msg.Stats) uint64 { return s.MessagesSent - s.CreditMessagesSent } // not keepalives
 	require.Equal(t, dataSent(after), dataSent(client.Stats()), "a refused SendRegion sends nothing")
