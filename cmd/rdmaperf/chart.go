@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"math"
 	"os"
+	"unicode/utf8"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
@@ -18,7 +19,9 @@ import (
 // horizontal bar on a log scale around the 1.0 line, so that right of the
 // line is faster than the C tool and left slower.
 func writeChart(path string, bars []bar) error {
-	const rowH, w, labelW, right, top, bottom = 14, 900, 210, 30, 50, 40
+	const rowH, top, bottom = 14, 50, 40
+	labelW := labelWidth(bars)
+	w := labelW + plotW + rightMargin
 	h := top + bottom + rowH*max(len(bars), 1)
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
@@ -31,7 +34,7 @@ func writeChart(path string, bars []bar) error {
 	const lo, hi = -5.0, 3.0 // log2 of the scale's ends: 1/32x to 8x
 	px := func(v float64) int {
 		l := math.Min(math.Max(math.Log2(v), lo), hi)
-		return labelW + int((l-lo)/(hi-lo)*float64(w-labelW-right))
+		return labelW + int((l-lo)/(hi-lo)*float64(plotW))
 	}
 	for e := lo; e <= hi; e++ { // x grid, one line per doubling
 		v := math.Exp2(e)
@@ -51,7 +54,7 @@ func writeChart(path string, bars []bar) error {
 	slower, faster := color.RGBA{214, 39, 40, 255}, color.RGBA{44, 160, 44, 255}
 	for i, b := range bars {
 		y := top + i*rowH + rowH/2
-		text(8, y+4, b.label, black)
+		text(labelX, y+4, b.label, black)
 		v := b.speed
 		c := faster
 		if v < 1 {
@@ -76,6 +79,27 @@ func writeChart(path string, bars []bar) error {
 	}
 	defer f.Close()
 	return png.Encode(f, img)
+}
+
+// The chart's text is basicfont's 7x13 face: labelX is where a label
+// starts, charW how far each character advances. The plot is plotW pixels
+// wide whatever the labels, starts right of the longest one, and leaves
+// rightMargin for the scale's last label.
+const (
+	labelX, charW = 8, 7
+	plotW         = 660
+	minLabelW     = 210
+	rightMargin   = 30
+)
+
+// labelWidth is where the plot starts: past the longest label and a gap,
+// so that no label runs into the bars.
+func labelWidth(bars []bar) int {
+	longest := 0
+	for _, b := range bars {
+		longest = max(longest, utf8.RuneCountInString(b.label))
+	}
+	return max(minLabelW, labelX+charW*longest+2*charW)
 }
 
 // bar is one line of the chart: what was measured, and how many times

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/image/font"
+	"golang.org/x/image/font/basicfont"
 )
 
 // Output of perftest 4.5 on rxe, as -compare reads it.
@@ -139,6 +141,17 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	img, err := png.Decode(f)
 	require.NoError(t, err)
 	assert.Greater(t, img.Bounds().Dy(), 8*14, "a bar per charted row")
+	assert.Equal(t, labelWidth(got)+plotW+rightMargin, img.Bounds().Dx(), "the plot keeps its width")
+}
+
+// The plot starts right of the longest label, measured in the chart's
+// font, so no label runs into the bars; short labels keep the usual width.
+func TestChartLabelsEndBeforeThePlot(t *testing.T) {
+	long := bar{"rpc 64 x64 callers event, sysmon awake, and a longer one", 0.2}
+	bars := []bar{{"send_bw 64 busy", 1}, long}
+	width := font.MeasureString(basicfont.Face7x13, long.label).Ceil()
+	assert.Greater(t, labelWidth(bars), labelX+width, "the longest label ends before the plot")
+	assert.Equal(t, minLabelW, labelWidth(bars[:1]))
 }
 
 // make bench DEVICE=siw writes its own section of BENCHMARKS.md, replacing
