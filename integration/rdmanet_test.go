@@ -484,21 +484,29 @@ func TestRdmanetWriteTo(t *testing.T) {
 	_, err = c3.Write(first)
 	require.NoError(t, err)
 	w := blockingWriter{entered: make(chan struct{}), release: make(chan struct{})}
-	copying := make(chan error, 1)
-	go func() {
+	closeWhileBlocked(t, c4, "the writer WriteTo was feeding", w.entered, w.release, func() error {
 		_, err := c4.(*rdmanet.Conn).WriteTo(w)
-		copying <- err
-	}()
-	<-w.entered
+		return err
+	})
+}
+
+// closeWhileBlocked runs run (a copy) until it is blocked in its reader or writer
+// (entered), closes c, and fails if Close waits for it; it then releases
+// the copy, which must fail with net.ErrClosed.
+func closeWhileBlocked(t *testing.T, c net.Conn, blocked string, entered, release chan struct{}, run func() error) {
+	t.Helper()
+	copying := make(chan error, 1)
+	go func() { copying <- run() }()
+	<-entered
 	closed := make(chan error, 1)
-	go func() { closed <- c4.Close() }()
+	go func() { closed <- c.Close() }()
 	select {
 	case err := <-closed:
 		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
-		t.Fatal("Close waited for the writer WriteTo was feeding")
+		t.Fatal("Close waited for " + blocked)
 	}
-	close(w.release)
+	close(release)
 	require.ErrorIs(t, <-copying, net.ErrClosed)
 }
 
@@ -509,4 +517,132 @@ func (w blockingWriter) Write(p []byte) (int, error) {
 	close(w.entered)
 	<-w.release
 	return len(p), nil
+}
+
+// ReadFrom (io.Copy to a Conn) has its source read straight into the
+// send buffers: the source is handed a whole message's room, not io.Copy's
+// 32 KiB. A source's error comes back with the bytes it read, a broken
+// source's count sends nothing of that read, and a passed write deadline
+// fails the call before the source is read. Close does not wait for a
+// source that blocks, and the buffer it fills goes back (CheckResources).
+func TestRdmanetReadFrom(t *testing.T) {
+	rxetest.CheckResources(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	writer := c1.(*rdmanet.Conn)
+	type readAll struct {
+		b   []byte
+		err error
+	}
+	reading := make(chan readAll, 1)
+	go func() {
+		b, err := io.ReadAll(c2) // the credits: small reads take a message each
+		reading <- readAll{b, err}
+	}()
+
+	var want bytes.Buffer
+	head := make([]byte, 300)
+	pattern(head, 9)
+	_, err = c1.Write(head) // bytes of a Write go first, whether sent or held
+	require.NoError(t, err)
+	want.Write(head)
+	body := make([]byte, 1<<20+12345)
+	pattern(body, 10)
+	src := &sizedReader{data: body, sizes: []int{1, 999, 70000, 4096, 1 << 20}}
+	copied, err := io.Copy(c1, src)
+	require.NoError(t, err, "the source's io.EOF is no error")
+	require.EqualValues(t, len(body), copied)
+	require.Equal(t, 64<<10, src.largest, "the source fills a message's room, not io.Copy's buffer")
+	want.Write(body)
+
+	tail := []byte("read with the rest")
+	n, err := writer.ReadFrom(&failingReader{data: tail, err: errReaderFailed})
+	require.ErrorIs(t, err, errReaderFailed)
+	require.EqualValues(t, len(tail), n, "the bytes read before the error are sent")
+	want.Write(tail)
+	n, err = writer.ReadFrom(&failingReader{data: tail, bad: true})
+	require.Error(t, err, "a Reader that claims more than it was given")
+	require.Zero(t, n)
+
+	require.NoError(t, c1.SetWriteDeadline(time.Now().Add(-time.Second)))
+	untouched := &failingReader{data: tail}
+	_, err = writer.ReadFrom(untouched)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "a timeout: %v", err)
+	require.Zero(t, untouched.reads, "the source is not read past the deadline")
+	require.NoError(t, c1.SetWriteDeadline(time.Time{}))
+
+	require.NoError(t, writer.CloseWrite())
+	_, err = writer.ReadFrom(&failingReader{data: tail})
+	require.ErrorIs(t, err, msg.ErrWriteClosed)
+	got := <-reading
+	require.NoError(t, got.err)
+	require.True(t, bytes.Equal(want.Bytes(), got.b), "the stream differs: %d bytes, want %d", len(got.b), want.Len())
+
+	// Close does not wait for a source ReadFrom is reading.
+	c3, _, stop2, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop2()
+	r := blockingReader{entered: make(chan struct{}), release: make(chan struct{})}
+	closeWhileBlocked(t, c3, "the source ReadFrom was reading", r.entered, r.release, func() error {
+		_, err := c3.(*rdmanet.Conn).ReadFrom(r)
+		return err
+	})
+}
+
+// sizedReader returns data in reads of the given sizes in turn (each at
+// most the room it is given), and records the largest room it was given.
+type sizedReader struct {
+	data    []byte
+	sizes   []int
+	next    int
+	largest int
+}
+
+func (r *sizedReader) Read(p []byte) (int, error) {
+	r.largest = max(r.largest, len(p))
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.sizes[r.next%len(r.sizes)])], r.data)
+	r.next++
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// failingReader returns its data and err in one Read; with bad set it
+// claims more bytes than it was given, as a broken Reader might.
+type failingReader struct {
+	data  []byte
+	err   error
+	bad   bool
+	reads int
+}
+
+var errReaderFailed = errors.New("the reader failed")
+
+func (r *failingReader) Read(p []byte) (int, error) {
+	r.reads++
+	if r.bad {
+		return len(p) + 1, nil
+	}
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, r.err
+}
+
+// blockingReader's Read says it was entered, then waits for release and
+// returns a byte.
+type blockingReader struct{ entered, release chan struct{} }
+
+func (r blockingReader) Read(p []byte) (int, error) {
+	close(r.entered)
+	<-r.release
+	p[0] = 1
+	return 1, nil
 }

@@ -41,6 +41,9 @@ func init() {
 	seam.WriteStream = func(c any, ctx context.Context, p []byte) error {
 		return c.(*Conn).writeStream(ctx, p)
 	}
+	seam.FillStream = func(c any, ctx context.Context, fill func(p []byte) int) error {
+		return c.(*Conn).fillStream(ctx, fill)
+	}
 }
 
 // writeStream writes p (at most MaxInline bytes) to the stream: it returns
@@ -71,13 +74,8 @@ func (c *Conn) writeStream(ctx context.Context, p []byte) error {
 		case s.buf != nil && s.n+len(p) <= c.maxInline:
 			return c.appendStreamLocked(p)
 		case s.buf != nil: // full: it must leave first
-			w, err := c.moveStreamLocked(ctx)
-			if err != nil {
+			if err := c.makeRoomLocked(ctx, &waited); err != nil {
 				return err
-			}
-			if w && !waited {
-				waited = true
-				c.stats.CreditWaits++
 			}
 		case spare != nil:
 			s.buf, s.n, spare = spare, 0, nil
@@ -114,15 +112,77 @@ func (c *Conn) appendStreamLocked(p []byte) error {
 		c.mu.Unlock()
 		return err
 	}
+	return c.leaveOrHoldLocked(at == HeaderSize)
+}
+
+// leaveOrHoldLocked posts the open stream message if it may leave now;
+// otherwise it stays held, and when it was just opened (fresh) the
+// control loop is told, to send it with the next credit. c.mu is held on
+// entry and released.
+func (c *Conn) leaveOrHoldLocked(fresh bool) error {
 	m, ok := c.takeStreamLocked()
 	c.mu.Unlock()
 	if ok {
 		return c.postStream(m)
 	}
-	if at == HeaderSize { // a message held from now on: the control loop sends it when a credit comes
+	if fresh {
 		c.wakeControl()
 	}
 	return nil
+}
+
+// fillStream is seam.FillStream: fill writes into a send buffer of its
+// own, outside the stream's state and with no lock held, so that a fill
+// that blocks (a source waiting for input) holds up neither the control
+// loop nor Close. Its n bytes then become the open stream message, after
+// the bytes earlier writes left held; where they fit in that held message
+// they are copied into it instead, so that small fills still share a
+// message while no credit is free. A count outside the payload is
+// refused with endpoint.ErrInvalid and sends nothing.
+func (c *Conn) fillStream(ctx context.Context, fill func(p []byte) int) error {
+	c.mu.Lock()
+	err := c.streamRefusalLocked()
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	b, err := c.sendBuffer(ctx)
+	if err != nil {
+		return err
+	}
+	payload := b.Bytes()[HeaderSize : HeaderSize+c.maxInline]
+	n := fill(payload)
+	if n <= 0 || n > len(payload) {
+		c.sendPool.Put(b)
+		if n == 0 {
+			return nil
+		}
+		return fmt.Errorf("msg: stream fill of %d bytes into %d: %w", n, len(payload), endpoint.ErrInvalid)
+	}
+	s := &c.stream
+	waited := false
+	c.mu.Lock()
+	for {
+		if err := c.streamRefusalLocked(); err != nil {
+			c.mu.Unlock()
+			c.sendPool.Put(b)
+			return err
+		}
+		switch {
+		case s.buf == nil:
+			s.buf, s.n = b, n
+			return c.leaveOrHoldLocked(true)
+		case s.n+n <= c.maxInline:
+			err := c.appendStreamLocked(payload[:n])
+			c.sendPool.Put(b)
+			return err
+		default: // the held message must leave first
+			if err := c.makeRoomLocked(ctx, &waited); err != nil {
+				c.sendPool.Put(b)
+				return err
+			}
+		}
+	}
 }
 
 // streamMovedLocked wakes the goroutines waiting for the stream's open
@@ -212,6 +272,22 @@ func (c *Conn) flushStream(ctx context.Context) error {
 		}
 	}
 	c.mu.Unlock()
+	return nil
+}
+
+// makeRoomLocked moves on the open stream message that a write's bytes do
+// not fit in, as moveStreamLocked does, and counts the write's first wait
+// for it in Stats.CreditWaits (waited: this write waited already). c.mu
+// is held on entry, and on return when the error is nil.
+func (c *Conn) makeRoomLocked(ctx context.Context, waited *bool) error {
+	w, err := c.moveStreamLocked(ctx)
+	if err != nil {
+		return err
+	}
+	if w && !*waited {
+		*waited = true
+		c.stats.CreditWaits++
+	}
 	return nil
 }
 

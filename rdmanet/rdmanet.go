@@ -75,7 +75,11 @@ type Conn struct {
 	readDeadline, writeDeadline deadline
 }
 
-var _ net.Conn = (*Conn)(nil)
+var (
+	_ net.Conn      = (*Conn)(nil)
+	_ io.ReaderFrom = (*Conn)(nil) // io.Copy to a Conn
+	_ io.WriterTo   = (*Conn)(nil) // io.Copy from a Conn
+)
 
 // Dial connects to an rdmanet Listener at addr (host:port of an
 // RDMA-capable interface).
@@ -216,6 +220,49 @@ func (c *Conn) Write(p []byte) (int, error) {
 	}
 	return written, nil
 }
+
+// ReadFrom writes r's bytes to the stream until r returns io.EOF: io.Copy
+// to a Conn calls it, and r reads straight into the connection's
+// registered send buffers, so the bytes pass through no buffer of
+// io.Copy's. It returns the bytes sent and nil at r's io.EOF, r's other
+// errors, or the first error of the writing, which fails as Write does
+// (the write deadline is looked at before each Read of r, and bounds the
+// wait for a buffer or a credit, not r). Writes wait while it runs. Close
+// does not wait for a Read of r that blocks; the bytes that Read returns
+// afterwards are dropped with the connection.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	var sent int64
+	for {
+		ctx := c.writeDeadline.context()
+		if ctx.Err() != nil {
+			return sent, c.opError("readfrom", ctx.Err(), ctx)
+		}
+		var n int
+		var rerr error
+		err := seam.FillStream(c.c, ctx, func(p []byte) int {
+			n, rerr = r.Read(p)
+			if n < 0 || n > len(p) { // a broken Reader: nothing of this read is sent
+				n, rerr = 0, errors.Join(rerr, errInvalidRead)
+			}
+			return n
+		})
+		if err != nil {
+			return sent, c.opError("readfrom", err, ctx)
+		}
+		sent += int64(n)
+		switch {
+		case rerr == io.EOF:
+			return sent, nil
+		case rerr != nil:
+			return sent, rerr
+		}
+	}
+}
+
+// errInvalidRead is a Reader's count outside 0 to the room it was given.
+var errInvalidRead = errors.New("rdmanet: the reader returned an invalid count")
 
 // Close closes the connection: the peer reads what was written, then
 // io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed.

@@ -85,12 +85,10 @@ func connect(ctx context.Context, listen bool, addr string, logf func(string, ..
 	return c.(*rdmanet.Conn), nil
 }
 
-// copyBuffer is each direction's buffer: several of rdmanet's messages per
-// Write, and Reads that take whole messages.
-const copyBuffer = 256 << 10
-
 // cat copies stdin to conn (then half-closes it) and conn to stdout, until
-// both directions ended, and closes conn. The first error ends both.
+// both directions ended, and closes conn. The first error ends both. The
+// bytes pass through no buffer of cat's: stdin reads into conn's send
+// buffers (ReadFrom), and stdout is handed its receive buffers (WriteTo).
 func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Writer, c *counters) error {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -99,7 +97,7 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if _, err := io.CopyBuffer(countingWriter{conn, &c.sent}, stdin, make([]byte, copyBuffer)); err != nil {
+		if _, err := conn.ReadFrom(countingReader{stdin, &c.sent}); err != nil {
 			errs[0] = fmt.Errorf("sending: %w", err)
 			conn.Close() // the other direction ends too
 			return
@@ -110,7 +108,7 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 	}()
 	go func() {
 		defer wg.Done()
-		if _, err := io.CopyBuffer(countingWriter{stdout, &c.received}, conn, make([]byte, copyBuffer)); err != nil {
+		if _, err := conn.WriteTo(countingWriter{stdout, &c.received}); err != nil {
 			errs[1] = fmt.Errorf("receiving: %w", err)
 			conn.Close()
 		}
@@ -128,6 +126,18 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 
 // counters are the bytes moved each way.
 type counters struct{ sent, received atomic.Int64 }
+
+// countingReader counts what stdin gave, as it is handed to the connection.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (cr countingReader) Read(p []byte) (int, error) {
+	n, err := cr.r.Read(p)
+	cr.n.Add(int64(n))
+	return n, err
+}
 
 type countingWriter struct {
 	w io.Writer

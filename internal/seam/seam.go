@@ -167,6 +167,13 @@ var (
 	// returns once p is posted or held for the next credit. Callers
 	// serialize their writes.
 	WriteStream func(c any, ctx context.Context, p []byte) error
+	// FillStream takes a send buffer, calls fill with its payload (at
+	// most MaxInline bytes) and no lock held, and writes the bytes fill
+	// says it put there to the stream as WriteStream writes p, without
+	// copying them where it can. fill may block: the connection may end
+	// meanwhile, and its bytes are then dropped. Callers serialize it
+	// with their writes.
+	FillStream func(c any, ctx context.Context, fill func(p []byte) int) error
 )
 
 // Registered by package endpoint.
