@@ -5,6 +5,7 @@
 package fdwait
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -21,19 +22,26 @@ type Waiter struct {
 	try func(uintptr) bool // built once: Wait allocates nothing
 }
 
-// New watches fd for readability. try does the non-blocking read itself
-// (through the C library) and returns false when it found nothing (EAGAIN).
-// name appears in errors.
+// ErrBlocking refuses a descriptor without O_NONBLOCK: the netpoller
+// cannot watch it, and try's read would block a thread.
+var ErrBlocking = errors.New("fdwait: the descriptor is not non-blocking")
+
+// New watches fd for readability. fd must be non-blocking already, as the
+// C library's non-blocking read needs it to be (the dup shares its status
+// flags, so looking at them again would cost a system call for each
+// connection). try does the non-blocking read itself (through the C
+// library) and returns false when it found nothing (EAGAIN). name appears
+// in errors.
 func New(fd int, name string, try func() bool) (*Waiter, error) {
 	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("fdwait: dup %s: %w", name, err)
 	}
-	if err := unix.SetNonblock(nfd, true); err != nil {
-		unix.Close(nfd)
-		return nil, fmt.Errorf("fdwait: non-blocking %s: %w", name, err)
+	f := os.NewFile(uintptr(nfd), name) // reads the flags: pollable only if non-blocking
+	if err := f.SetReadDeadline(time.Time{}); errors.Is(err, os.ErrNoDeadline) {
+		f.Close()
+		return nil, fmt.Errorf("fdwait: %s: %w", name, ErrBlocking)
 	}
-	f := os.NewFile(uintptr(nfd), name)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
@@ -44,7 +52,7 @@ func New(fd int, name string, try func() bool) (*Waiter, error) {
 
 // Wait calls try until it returns true, parking on the netpoller while the
 // descriptor is not readable. It returns os.ErrDeadlineExceeded after
-// SetDeadline's time and an error matching os.ErrClosed after Close.
+// SetDeadline's time and another error after Close.
 func (w *Waiter) Wait() error { return w.rc.Read(w.try) }
 
 // SetDeadline makes Wait return at t; a time in the past wakes it now.
