@@ -170,8 +170,8 @@ var errInvalidWrite = errors.New("rdmanet: the writer returned an invalid count"
 // passed, as net's reads do even with bytes waiting, returns io.EOF at the
 // end of data, and the read's error as Read returns it. bufMu is held.
 func (c *Conn) fill() error {
-	if ctx := c.readDeadline.context(); ctx.Err() != nil {
-		return c.opError("read", ctx.Err(), ctx)
+	if _, err := c.begin(&c.readDeadline, "read"); err != nil {
+		return err
 	}
 	for len(c.rest) == 0 {
 		if c.msg != nil {
@@ -209,9 +209,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 	most := min(chunk, c.c.MaxInline()) // the peer's buffers may be smaller than this side's
 	for written < len(p) {
 		n := min(len(p)-written, most)
-		ctx := c.writeDeadline.context()
-		if ctx.Err() != nil { // a passed deadline fails the call before it sends
-			return written, c.opError("write", ctx.Err(), ctx)
+		ctx, err := c.begin(&c.writeDeadline, "write")
+		if err != nil {
+			return written, err
 		}
 		if err := seam.WriteStream(c.c, ctx, p[written:written+n]); err != nil {
 			return written, c.opError("write", err, ctx)
@@ -235,13 +235,13 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	defer c.writeMu.Unlock()
 	var sent int64
 	for {
-		ctx := c.writeDeadline.context()
-		if ctx.Err() != nil {
-			return sent, c.opError("readfrom", ctx.Err(), ctx)
+		ctx, err := c.begin(&c.writeDeadline, "readfrom")
+		if err != nil {
+			return sent, err
 		}
 		var n int
 		var rerr error
-		err := seam.FillStream(c.c, ctx, func(p []byte) int {
+		err = seam.FillStream(c.c, ctx, func(p []byte) int {
 			n, rerr = r.Read(p)
 			if n < 0 || n > len(p) { // a broken Reader: nothing of this read is sent
 				n, rerr = 0, errors.Join(rerr, errInvalidRead)
@@ -333,6 +333,17 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // *net.OpError. ctx is a deadline's, which ends only when the deadline
 // passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
 // the connection gives an error matching net.ErrClosed.
+// begin is the context of a step of op that d's deadline bounds; once the
+// deadline has passed, the step fails before it starts, as net's calls do
+// even with bytes waiting.
+func (c *Conn) begin(d *deadline, op string) (context.Context, error) {
+	ctx := d.context()
+	if ctx.Err() != nil {
+		return nil, c.opError(op, ctx.Err(), ctx)
+	}
+	return ctx, nil
+}
+
 func (c *Conn) opError(op string, err error, ctx context.Context) error {
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		err = os.ErrDeadlineExceeded
