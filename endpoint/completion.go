@@ -266,10 +266,19 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 		return
 	}
 	idx := uint32(wc.WRID)
-	// Sends complete in order: every unsignaled send posted before this
-	// one has completed successfully.
+	// A completion stands for the unsignaled requests posted before it:
+	// the device has finished them. It never stands for a signaled one
+	// still owed its own completion: siw completes a send or write when
+	// TCP takes it, and a READ only when its response arrives, so the
+	// sends after a READ complete first. Those wait for their own, in
+	// order, at the head.
+	owed := ep.owed[:0]
 	for ep.sendFIFO.count > 0 {
 		head := ep.sendFIFO.pop()
+		if head != idx && ep.sends.slots[head].signaled {
+			owed = append(owed, head)
+			continue
+		}
 		s := ep.sends.release(head)
 		c := Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Len: s.length, to: s.notify}
 		if head == idx && wc.Status != verbs.WCSuccess {
@@ -283,6 +292,7 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 			break
 		}
 	}
+	ep.sendFIFO.unpop(owed)
 }
 
 // output hands c on: to the handler (after the poll, once the locks are

@@ -110,8 +110,9 @@ type Endpoint struct {
 	closing   bool
 	sends     slotTable
 	recvs     slotTable
-	sendFIFO  ring // send slots in posting order, for selective signaling
-	unsigRun  int  // unsignaled sends since the last signaled one
+	sendFIFO  ring     // send slots in posting order, for selective signaling
+	owed      []uint32 // complete's: signaled slots passed over, reused
+	unsigRun  int      // unsignaled sends since the last signaled one
 	sendBatch *verbs.SendBatch
 	recvBatch *verbs.RecvBatch
 	scratch   []Request   // postOne's single request, reused
@@ -273,6 +274,16 @@ func (r *ring) pop() uint32 {
 	return v
 }
 
+// unpop puts vs back at the head, in their order, as they were before
+// they were popped.
+func (r *ring) unpop(vs []uint32) {
+	r.head = (r.head - len(vs) + len(r.buf)) % len(r.buf)
+	r.count += len(vs)
+	for i, v := range vs {
+		r.buf[(r.head+i)%len(r.buf)] = v
+	}
+}
+
 // dropNewest forgets the n most recently pushed entries.
 func (r *ring) dropNewest(n int) { r.count -= n }
 
@@ -308,6 +319,7 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	// sized for exactly these, so it can never overflow.
 	ep.sends = newSlotTable(cfg.SendDepth)
 	ep.sendFIFO = ring{buf: make([]uint32, cfg.SendDepth)}
+	ep.owed = make([]uint32, 0, cfg.SendDepth)
 	ep.recvs = newSlotTable(cfg.RecvDepth)
 	ep.sendBatch = verbs.NewSendBatch(cfg.SendDepth, cfg.SendDepth*cfg.MaxSGE)
 	ep.recvBatch = verbs.NewRecvBatch(cfg.RecvDepth, cfg.RecvDepth*cfg.MaxSGE)
@@ -437,12 +449,15 @@ func (ep *Endpoint) RemoteAddr() net.Addr { return ep.cfg.RemoteAddr }
 func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
 
 // Completions delivers one Completion per posted work request (Silent ones
-// only when they fail; those with a Notify channel go there instead). After Close, or the end of the connection, it
-// delivers the remaining ones, each with an error matching ErrClosed, and
-// is then closed: read it until it is closed, or use CloseAndDrain. If
-// nobody reads it for the close timeout after Close (cm.WithCloseTimeout,
-// default 5 s), the completions not read are dropped and their buffers
-// put back in their pools.
+// only when they fail; those with a Notify channel go there instead), each
+// once the device has finished it. Receives come in posting order, and so
+// do sends and writes; a READ's or an atomic's comes when its response has
+// arrived, which siw reports after the sends posted behind it. After
+// Close, or the end of the connection, it delivers the remaining ones,
+// each with an error matching ErrClosed, and is then closed: read it until
+// it is closed, or use CloseAndDrain. If nobody reads it for the close
+// timeout after Close (cm.WithCloseTimeout, default 5 s), the completions
+// not read are dropped and their buffers put back in their pools.
 func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
 
 // Done is closed when the connection has ended: Close, or the peer left.

@@ -39,17 +39,18 @@ const (
 	NoInline
 	// Unsignaled asks the device for no completion of its own (selective
 	// signaling). The context still comes back, on a later signaled
-	// completion of the send queue.
+	// completion of the send queue. READs and atomics are posted
+	// signaled all the same: they finish when their response arrives,
+	// which siw reports after the sends posted behind them.
 	Unsignaled
 	// Silent is Unsignaled, and a silent request that succeeds delivers no
 	// Completion at all; one that fails still does (with its error, or
 	// ErrClosed when Close flushes it). It applies to sends and writes
 	// whose completion the caller would only throw away: inline ones, whose
 	// buffer is free once the post returns, and ones from a buffer the
-	// caller keeps reusing, which the device has read once any later
-	// send-queue completion of this endpoint arrives (they complete in
-	// order). Each delivered Completion costs its reader a channel receive
-	// or a Next call.
+	// caller keeps reusing, which the device has read once a completion
+	// of a send-queue request posted after it arrives. Each delivered
+	// Completion costs its reader a channel receive or a Next call.
 	Silent
 	// Fence makes the request wait until earlier RDMA READs and atomics
 	// have finished.

@@ -444,7 +444,8 @@ func (ep *Endpoint) takeSend(r *Request, n int) (uint32, int) {
 	if r.Flags&Solicited != 0 {
 		flags |= verbs.SendSolicited
 	}
-	signaled := r.Flags&(Unsignaled|Silent) == 0 || ep.unsigRun+1 >= ep.cfg.SignalEvery || len(ep.sends.free) < ep.cfg.SendDepth/4
+	signaled := r.Flags&(Unsignaled|Silent) == 0 || ep.unsigRun+1 >= ep.cfg.SignalEvery || len(ep.sends.free) < ep.cfg.SendDepth/4 ||
+		ep.completesOnItsOwn(r)
 	if signaled {
 		flags |= verbs.SendSignaled
 		ep.unsigRun = 0
@@ -454,6 +455,14 @@ func (ep *Endpoint) takeSend(r *Request, n int) (uint32, int) {
 	ep.sends.slots[idx].signaled = signaled
 	ep.sends.slots[idx].silent = r.Flags&Silent != 0
 	return idx, flags
+}
+
+// completesOnItsOwn says whether r must be posted signaled
+// whatever its flags, because a later request's completion would not
+// mean it is done: a READ or an atomic finishes when its response
+// arrives, after the sends posted behind it on siw.
+func (ep *Endpoint) completesOnItsOwn(r *Request) bool {
+	return r.Op != OpSend && r.Op != OpWrite
 }
 
 // unpost gives back the slots of the requests of one kind that were not

@@ -19,6 +19,21 @@ func TestRingWrapsAndDrops(t *testing.T) {
 	require.Zero(t, r.count)
 }
 
+func TestRingUnpopRestoresTheHead(t *testing.T) {
+	r := ring{buf: make([]uint32, 4)}
+	for v := range uint32(4) {
+		r.push(v)
+	}
+	require.Equal(t, []uint32{0, 1, 2}, []uint32{r.pop(), r.pop(), r.pop()})
+	r.push(4) // wraps
+	r.unpop([]uint32{0, 2})
+	require.Equal(t, 4, r.count)
+	require.Equal(t, []uint32{0, 2, 3, 4}, []uint32{r.pop(), r.pop(), r.pop(), r.pop()})
+	r.push(5)
+	r.unpop(nil)
+	require.Equal(t, uint32(5), r.pop())
+}
+
 func TestSlotTableReuse(t *testing.T) {
 	st := newSlotTable(2)
 	a := st.take(&Request{Context: "a"}, 0)

@@ -509,6 +509,46 @@ func TestReadDepthOneQueuesTheRest(t *testing.T) {
 	}
 }
 
+// TestReadCompletesAfterItsData: a READ's completion comes once its bytes
+// are in the sink, even when a send posted after it completes first (siw
+// completes a send as TCP takes it, and a READ when its response has
+// arrived); so does one asked for Unsignaled, which the endpoint posts
+// signaled.
+func TestReadCompletesAfterItsData(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	const size = 4 << 20
+	region, remote := exchangeRegion(t, ctx, p, size, bufpool.RemoteRead)
+	sinks := newPool(t, p.client, size, 1)
+	sink, _ := sinks.TryGet()
+	defer sinks.Put(sink)
+	spool := newPool(t, p.client, 64, 1)
+	sb, _ := spool.TryGet()
+	defer spool.Put(sb)
+	rpool := newPool(t, p.server, 64, 1)
+	rb, _ := rpool.TryGet()
+	defer rpool.Put(rb)
+	for i, flags := range [][]endpoint.Flags{nil, {endpoint.Unsignaled}} {
+		pattern(region.Bytes(), 20+i)
+		clear(sink.Bytes())
+		require.NoError(t, p.server.PostRecv("recv", rb))
+		require.NoError(t, p.client.PostRead("read", sink, size, remote, flags...))
+		require.NoError(t, p.client.PostSend("send", sb, 8))
+		seen := map[any]int{}
+		for range 2 {
+			c := next(t, p.client)
+			require.NoError(t, c.Err)
+			seen[c.Context]++
+			if c.Context == "read" {
+				require.True(t, bytes.Equal(region.Bytes(), sink.Bytes()), "flags %v: the READ completed before its bytes were in the sink", flags)
+			}
+		}
+		require.Equal(t, map[any]int{"read": 1, "send": 1}, seen, "flags %v", flags)
+		require.NoError(t, next(t, p.server).Err)
+	}
+}
+
 // TestNotifyWaitsForOneRequest: a request with a Notify channel delivers
 // its completion there, exactly once, while the others keep arriving on
 // Completions; Close flushes a pending one to its Notify too.
