@@ -283,7 +283,9 @@ func TestRdmanetNetRPC(t *testing.T) {
 // reader reads with a deadline of a millisecond or two, renewed for every
 // Read. Some Reads time out (a Timeout error matching
 // os.ErrDeadlineExceeded), and a timeout loses nothing: the reader gets
-// every byte, in order. The writer's own deadlines, far off, never fire.
+// every byte, in order. The writer pauses now and then, longer than the
+// reader's deadlines, so that Reads time out however fast the stream is.
+// The writer's own deadlines, far off, never fire.
 func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 	rxetest.CheckResources(t)
 	c1, c2, stop, err := rdmanetPair(t)
@@ -301,6 +303,9 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 			if _, err := c1.Write(buf); err != nil {
 				wrote <- err
 				return
+			}
+			if off/chunk%16 == 15 {
+				time.Sleep(10 * time.Millisecond)
 			}
 		}
 		wrote <- c1.(*rdmanet.Conn).CloseWrite()
