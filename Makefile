@@ -7,7 +7,7 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wire demo bench clean
+.PHONY: all deps build vet test test-host test-rxe test-siw test-norace test-examples test-grpc test-fuzz test-wire demo bench clean
 
 # staticcheck comes through the Go module proxy at a pinned version.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -52,6 +52,14 @@ test-rxe: build
 test-siw: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration
 
+# The same device suite on rxe0 without the race detector, which slows
+# the process several times over and can hide a race between the library
+# and the device that shows at full speed. (Not on siw0 yet: there a dial
+# right after a peer was killed is, rarely, refused, and the process then
+# hangs in the kernel as it exits; see docs/TESTING.md.)
+test-norace: build
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
+
 # Two guests joined by a UDP link, rxe0 on each one's eth0: the same test
 # binary runs in both (guest 0 serves, guest 1 dials and injects netem faults).
 test-wire: build
@@ -83,7 +91,7 @@ test-fuzz: build
 test-grpc: build
 	cd $(GRPC_EXAMPLE) && RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./...
 
-test: vet test-host test-rxe test-siw test-examples test-grpc test-fuzz test-wire
+test: vet test-host test-rxe test-siw test-norace test-examples test-grpc test-fuzz test-wire
 
 # The echo, RPC and gRPC servers and clients, one after the other, over rxe0 (in
 # the testbed guest when this host has no RDMA device).
