@@ -161,7 +161,7 @@ type connectRow struct {
 const cmtimeDepth = 1
 
 // compareConnect runs cmtime and our connect test in turn, repeat times.
-func compareConnect(ctx context.Context, self, host string, nextPort func() int, repeat int) (connectRow, error) {
+func compareConnect(ctx context.Context, self, host string, nextPort func() int, repeat int) connectRow {
 	var r connectRow
 	for range repeat {
 		rate, down, err := runCmtime(ctx, host, nextPort(), connectIters)
@@ -170,16 +170,20 @@ func compareConnect(ctx context.Context, self, host string, nextPort func() int,
 		} else {
 			r.CmtimeConnsRuns, r.CmtimeTeardownRuns = append(r.CmtimeConnsRuns, rate), append(r.CmtimeTeardownRuns, down)
 		}
-		res, err := runOurs(ctx, self, "connect", host, nextPort(), 0, connectIters, "event")
-		if err != nil {
-			return r, fmt.Errorf("connect: %w", err)
+		// A run of ours that fails is left out as cmtime's is, so that
+		// the rest of the comparison is still written: on siw0, 500
+		// connections with cmtime's one-deep queues fail to create
+		// their CQs.
+		if res, err := runOurs(ctx, self, "connect", host, nextPort(), 0, connectIters, "event"); err != nil {
+			fmt.Fprintf(os.Stderr, "rdmaperf: connect failed, its figure is left out: %v\n", err)
+		} else {
+			r.ConnsRuns, r.TeardownRuns = append(r.ConnsRuns, res.Conns), append(r.TeardownRuns, res.TeardownMs)
 		}
-		r.ConnsRuns, r.TeardownRuns = append(r.ConnsRuns, res.Conns), append(r.TeardownRuns, res.TeardownMs)
-		res, err = runOurs(ctx, self, "connect", host, nextPort(), 0, connectIters, "event", "-depth", strconv.Itoa(cmtimeDepth))
-		if err != nil {
-			return r, fmt.Errorf("connect at depth %d: %w", cmtimeDepth, err)
+		if res, err := runOurs(ctx, self, "connect", host, nextPort(), 0, connectIters, "event", "-depth", strconv.Itoa(cmtimeDepth)); err != nil {
+			fmt.Fprintf(os.Stderr, "rdmaperf: connect at depth %d failed, its figure is left out: %v\n", cmtimeDepth, err)
+		} else {
+			r.ShallowConnsRuns, r.ShallowTeardownRuns = append(r.ShallowConnsRuns, res.Conns), append(r.ShallowTeardownRuns, res.TeardownMs)
 		}
-		r.ShallowConnsRuns, r.ShallowTeardownRuns = append(r.ShallowConnsRuns, res.Conns), append(r.ShallowTeardownRuns, res.TeardownMs)
 	}
 	r.Conns, r.CmtimeConns, r.ShallowConns = median(r.ConnsRuns), median(r.CmtimeConnsRuns), median(r.ShallowConnsRuns)
 	r.TeardownMs, r.CmtimeTeardownMs, r.ShallowTeardownMs = median(r.TeardownRuns), median(r.CmtimeTeardownRuns), median(r.ShallowTeardownRuns)
@@ -187,7 +191,7 @@ func compareConnect(ctx context.Context, self, host string, nextPort func() int,
 		connectIters, r.Conns, r.CmtimeConns, ratioOf(r.Conns, r.CmtimeConns), r.TeardownMs, r.CmtimeTeardownMs,
 		spread(r.ConnsRuns), spread(r.CmtimeConnsRuns), spread(r.TeardownRuns), spread(r.CmtimeTeardownRuns),
 		cmtimeDepth, r.ShallowConns, spread(r.ShallowConnsRuns), r.ShallowTeardownMs, spread(r.ShallowTeardownRuns))
-	return r, nil
+	return r
 }
 
 // ratioOf is a / b, or 0 when b is missing.
