@@ -329,10 +329,6 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// opError wraps err, the error of a call that waited on ctx, in a
-// *net.OpError. ctx is a deadline's, which ends only when the deadline
-// passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
-// the connection gives an error matching net.ErrClosed.
 // begin is the context of a step of op that d's deadline bounds; once the
 // deadline has passed, the step fails before it starts, as net's calls do
 // even with bytes waiting.
@@ -344,6 +340,10 @@ func (c *Conn) begin(d *deadline, op string) (context.Context, error) {
 	return ctx, nil
 }
 
+// opError wraps err, the error of a call that waited on ctx, in a
+// *net.OpError. ctx is a deadline's, which ends only when the deadline
+// passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
+// the connection gives an error matching net.ErrClosed.
 func (c *Conn) opError(op string, err error, ctx context.Context) error {
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		err = os.ErrDeadlineExceeded
