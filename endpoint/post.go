@@ -445,7 +445,7 @@ func (ep *Endpoint) takeSend(r *Request, n int) (uint32, int) {
 		flags |= verbs.SendSolicited
 	}
 	signaled := r.Flags&(Unsignaled|Silent) == 0 || ep.unsigRun+1 >= ep.cfg.SignalEvery || len(ep.sends.free) < ep.cfg.SendDepth/4 ||
-		ep.completesOnItsOwn(r)
+		completesOnItsOwn(r.Op)
 	if signaled {
 		flags |= verbs.SendSignaled
 		ep.unsigRun = 0
@@ -457,12 +457,12 @@ func (ep *Endpoint) takeSend(r *Request, n int) (uint32, int) {
 	return idx, flags
 }
 
-// completesOnItsOwn says whether r must be posted signaled
-// whatever its flags, because a later request's completion would not
-// mean it is done: a READ or an atomic finishes when its response
-// arrives, after the sends posted behind it on siw.
-func (ep *Endpoint) completesOnItsOwn(r *Request) bool {
-	return r.Op != OpSend && r.Op != OpWrite
+// completesOnItsOwn says whether a request of op must be posted signaled
+// whatever its flags, because a later request's completion would not mean
+// that it is done: a READ or an atomic finishes when its response
+// arrives, which siw reports after the sends posted behind it.
+func completesOnItsOwn(op Op) bool {
+	return op != OpSend && op != OpWrite
 }
 
 // unpost gives back the slots of the requests of one kind that were not
