@@ -2,18 +2,10 @@ package verbs
 
 /*
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netdb.h>
 #include "shim.h"
-
-static int go_set_nonblock(int fd) {
-	int flags = fcntl(fd, F_GETFL);
-	if (flags < 0)
-		return -1;
-	return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
 */
 import "C"
 
@@ -47,7 +39,7 @@ func NewEventChannel() (*EventChannel, error) {
 		}
 		return nil, callError("rdma_create_event_channel", err)
 	}
-	if ret, err := C.go_set_nonblock(p.fd); ret != 0 {
+	if err := setNonblock(p.fd); err != nil {
 		C.rdma_destroy_event_channel(p)
 		return nil, callError("fcntl(O_NONBLOCK) on the CM event channel", err)
 	}

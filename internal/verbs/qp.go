@@ -2,16 +2,8 @@ package verbs
 
 /*
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include "shim.h"
-
-static int go_set_nonblock_fd(int fd) {
-	int flags = fcntl(fd, F_GETFL);
-	if (flags < 0)
-		return -1;
-	return fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
 */
 import "C"
 
@@ -159,7 +151,7 @@ func (c *Context) NewCompChannel() (*CompChannel, error) {
 	if p == nil {
 		return nil, callError("ibv_create_comp_channel", err)
 	}
-	if ret, err := C.go_set_nonblock_fd(p.fd); ret != 0 {
+	if err := setNonblock(p.fd); err != nil {
 		C.ibv_destroy_comp_channel(p)
 		return nil, callError("fcntl(O_NONBLOCK) on the completion channel", err)
 	}

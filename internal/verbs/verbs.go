@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrNoDevice is returned when no RDMA device is present at all.
@@ -32,8 +34,9 @@ var ErrNoDevice = errors.New("no RDMA device: load rdma_rxe and create one with 
 // callError wraps the errno of a failed call with the call's name, so that
 // errors.Is(err, syscall.ECONNREFUSED) and friends work above. A call that
 // failed without setting errno (a provider that gives up in user space,
-// such as soft-iWARP's when it cannot map a new queue into the process) is
-// EIO, and says that no reason was given.
+// such as soft-iWARP's when a new queue's mapping lands on the offset it
+// takes for an invalid key; docs/TESTING.md) is EIO, and says that no
+// reason was given.
 func callError(call string, err error) error {
 	if err == nil {
 		return fmt.Errorf("%s: failed without an errno: %w", call, syscall.EIO)
@@ -121,3 +124,13 @@ const (
 
 // WCWithImm is set in WC.Flags when the completion carries immediate data.
 const WCWithImm = C.IBV_WC_WITH_IMM
+
+// setNonblock makes a channel's descriptor, fresh from the C library,
+// non-blocking, as the netpoller and the library's non-blocking reads
+// need. One F_SETFL, without reading the flags first: a new channel's
+// descriptor has no other status flag to keep (close-on-exec is a
+// descriptor flag, which F_SETFL leaves alone).
+func setNonblock(fd C.int) error {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, unix.O_NONBLOCK)
+	return err
+}
