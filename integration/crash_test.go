@@ -167,6 +167,11 @@ func TestClientKilledMidStream(t *testing.T) {
 	rpcL := listen()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, rpcL) }()
+	t.Cleanup(func() { // also when a check fails midway, before the resources are counted
+		shutdown, cancel := context.WithTimeout(context.Background(), crashBound)
+		defer cancel()
+		srv.Shutdown(shutdown)
+	})
 	dataL := listen()
 	defer dataL.Close()
 	writeL, err := cm.Listen(ctx, net.JoinHostPort(host, "0"))
