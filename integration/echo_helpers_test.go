@@ -11,11 +11,6 @@ import (
 	"github.com/go-rdma/rdmacm/endpoint"
 )
 
-// echoDepth is a queue depth that holds what an echo pair posts at once:
-// acceptEcho's receives (4 in the tests that use it) and its echoes, or
-// echoClient's receive and send.
-const echoDepth = 8
-
 // acceptEcho accepts one connection on l and echoes every message back
 // until the peer leaves; then it closes the endpoint, puts back the buffers
 // its completions return, and closes the pool: the order a user follows.

@@ -44,19 +44,13 @@ func checkLoadMessage(b []byte, conn, seq int) error {
 
 // TestLoad64Connections: 64 connections at once, 2,500 messages each (150
 // times the credits), every one checked for its sequence number and
-// checksum. The first error cancels the rest. On siw 12: soft-iWARP maps
-// each queue into the process, and stops at about 144 pages of them per
-// process (its 37th CQ fails beside 36 QPs of msg's size, with no errno),
-// so one process cannot hold both sides of 64 connections there.
+// checksum. The first error cancels the rest.
 func TestLoad64Connections(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	rxetest.CheckResources(t)
 	const msgs, size = 2500, 64
-	conns := 64
-	if rxetest.FewQueuesPerProcess() {
-		conns = 12
-	}
+	const conns = 64
 	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithRecvDepth(16), msg.WithBufferSize(256))
 	require.NoError(t, err)
 	defer l.Close()

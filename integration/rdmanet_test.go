@@ -91,10 +91,7 @@ func TestRdmanetHTTP(t *testing.T) {
 	go func() { served <- srv.Serve(l) }()
 
 	const requests = 2 // the second rides the kept-alive connection
-	clients := 32
-	if rxetest.FewQueuesPerProcess() {
-		clients = 8
-	}
+	const clients = 32
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for i := range clients {

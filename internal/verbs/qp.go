@@ -26,9 +26,10 @@ type DeviceAttr struct {
 	MaxQPRdAtom     int // outstanding RDMA reads/atomics a QP can answer
 	MaxQPInitRdAtom int // outstanding RDMA reads/atomics a QP can issue
 	MaxSRQWR        int
-	MaxSGERd        int  // scatter/gather entries of an RDMA READ's local sink
-	Atomics         bool // atomic_cap is not IBV_ATOMIC_NONE
-	IWARP           bool // the transport is iWARP: no atomics, no immediate data, no RNR retry
+	MaxSGERd        int    // scatter/gather entries of an RDMA READ's local sink
+	Atomics         bool   // atomic_cap is not IBV_ATOMIC_NONE
+	IWARP           bool   // the transport is iWARP: no atomics, no immediate data, no RNR retry
+	VendorID        uint32 // soft-iWARP's is siwVendorID
 }
 
 // deviceAttrs caches QueryDevice's answers by context. The contexts are
@@ -66,7 +67,8 @@ func (c *Context) queryDevice() (DeviceAttr, error) {
 		MaxMRSize: uint64(a.max_mr_size), MaxQPRdAtom: int(a.max_qp_rd_atom),
 		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom), MaxSRQWR: int(a.max_srq_wr),
 		MaxSGERd: int(a.max_sge_rd), Atomics: a.atomic_cap != C.IBV_ATOMIC_NONE,
-		IWARP: c.p.device.transport_type == C.IBV_TRANSPORT_IWARP,
+		IWARP:    c.p.device.transport_type == C.IBV_TRANSPORT_IWARP,
+		VendorID: uint32(a.vendor_id),
 	}, nil
 }
 
@@ -192,6 +194,7 @@ type CQ struct {
 // for a CQ that is only busy-polled). pollBatch is how many completions one
 // Poll returns at most.
 func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
+	_ = c.GuardSiwKeys() // best effort: without a guard, queues meet siw's refusals as before
 	var chp *C.struct_ibv_comp_channel
 	if ch != nil {
 		chp = ch.p
@@ -277,6 +280,7 @@ type SRQ struct{ p *C.struct_ibv_srq }
 
 // NewSRQ creates a shared receive queue on the protection domain.
 func (pd *PD) NewSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	_ = (&Context{p: pd.p.context}).GuardSiwKeys() // as NewCQ does
 	var attr C.struct_ibv_srq_init_attr
 	attr.attr.max_wr = C.uint32_t(maxWR)
 	attr.attr.max_sge = C.uint32_t(maxSGE)
