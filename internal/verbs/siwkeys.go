@@ -49,7 +49,10 @@ func (c *Context) GuardSiwKeys() error {
 	if err != nil || !attr.IWARP || attr.VendorID != siwVendorID {
 		return err
 	}
-	v, _ := siwGuards.LoadOrStore(c.Key(), &siwGuard{})
+	v, ok := siwGuards.Load(c.Key())
+	if !ok { // a guard to store only the first time: every queue comes here
+		v, _ = siwGuards.LoadOrStore(c.Key(), &siwGuard{})
+	}
 	g := v.(*siwGuard)
 	g.once.Do(func() {
 		p, err := C.ibv_create_cq(c.p, C.int(siwGuardEntries), nil, nil, 0)
