@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -184,20 +185,34 @@ func CheckResources(t testing.TB) {
 // guardSiwKeys makes the process's soft-iWARP key guard (a CQ that lives as
 // long as the process: verbs.Context.GuardSiwKeys) before the first count,
 // so that the test that happens to create the process's first queue is not
-// charged with it. It does nothing on other devices.
+// charged with it. It does nothing on other devices, and its work only
+// once per process: every test tests on the same address.
 func guardSiwKeys(t testing.TB, addr string) {
 	t.Helper()
+	guardOnce.Do(func() { guardErr = makeSiwGuard(addr) })
+	if guardErr != nil {
+		t.Fatal(guardErr)
+	}
+}
+
+var (
+	guardOnce sync.Once
+	guardErr  error
+)
+
+func makeSiwGuard(addr string) error {
 	ai, err := verbs.GetAddrInfo(addr, "0", true, verbs.PortSpaceTCP)
 	if err != nil {
-		t.Fatalf("resolving %s: %v", addr, err)
+		return fmt.Errorf("resolving %s: %w", addr, err)
 	}
 	defer ai.Free()
 	id, err := verbs.CreateEP(ai)
 	if err != nil {
-		t.Fatalf("binding an id to %s: %v", addr, err)
+		return fmt.Errorf("binding an id to %s: %w", addr, err)
 	}
 	defer id.DestroyEP()
 	if err := id.Context().GuardSiwKeys(); err != nil {
-		t.Fatalf("soft-iWARP's key guard: %v", err)
+		return fmt.Errorf("soft-iWARP's key guard: %w", err)
 	}
+	return nil
 }
