@@ -335,7 +335,12 @@ func WithPrivateData(b []byte) HandshakeOption {
 // connection is requested or accepted: the place to post receives, so that
 // nothing the peer sends at once finds none. If f fails, or the connection
 // then does, Dial or Accept closes the endpoint, puts every buffer posted
-// on it back in its pool, and returns the error.
+// on it back in its pool, and returns the error. Dial runs f on every
+// endpoint it tries: on iWARP, when the local port rdma_cm picked already
+// has a TCP connection to the address, Dial closes that endpoint (its
+// buffers back in their pools, as above) and tries again from another
+// port with a new endpoint, and f runs again on it; anything f made for
+// the closed one (a pool, say) is f's to free.
 func WithSetup(f func(*endpoint.Endpoint) error) HandshakeOption {
 	return func(o *handshake) { o.setup = f }
 }

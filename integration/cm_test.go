@@ -21,6 +21,7 @@ import (
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
 )
 
 func TestDialRefused(t *testing.T) {
@@ -53,6 +54,98 @@ func TestDialFromABusyLocalPort(t *testing.T) {
 	host := rxetest.Addr(t)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	require.NoError(t, err)
+	low := holdBusyPorts(t, ctx, ln, 2, firstSparePort)
+	require.NoError(t, ln.Close())
+	setLocalPortRange(t, low, low+1)
+
+	var log lockedBuffer
+	_, err = cm.Dial(ctx, ln.Addr().String(), cm.WithLogger(zerolog.New(&log).Level(zerolog.DebugLevel)))
+	t.Logf("%v", err)
+	tries := strings.Count(log.String(), dialAgainLog)
+	if !rxetest.IWARP() {
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		require.Zero(t, tries, "nothing to dial again for")
+		return
+	}
+	require.ErrorIs(t, err, syscall.EADDRNOTAVAIL)
+	require.ErrorContains(t, err, "already has a TCP connection")
+	require.Equal(t, 3, tries, "four dials in all, each from a busy port")
+}
+
+// TestMsgDialFromABusyLocalPort: a msg connection that cm.Dial set up on
+// its second or later try, after a local port that already had a TCP
+// connection to the address (iWARP), works, and the receives and pool of
+// the endpoints it tried first are freed (the resource check). The local
+// port range is two ports, one holding a TCP connection to the listener's
+// port and one free, so that each try picks the busy one half the time;
+// rounds go on, each with a listener on a new port, until a dial needed a
+// second try. On RoCE every dial succeeds at once: the kernel's TCP is not
+// in the path.
+func TestMsgDialFromABusyLocalPort(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	low := firstSparePort - 2
+	retried := false
+	for round := 1; round <= 24 && !retried; round++ {
+		// The listener's TCP port gets a TCP connection from low first,
+		// then the msg listener.
+		tcpLn, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		require.NoError(t, err)
+		low = holdBusyPorts(t, ctx, tcpLn, 1, low+2)
+		require.NoError(t, tcpLn.Close())
+		l, err := msg.Listen(ctx, tcpLn.Addr().String())
+		require.NoError(t, err)
+		restore := setLocalPortRange(t, low, low+1)
+		var log lockedBuffer
+		c, err := msg.Dial(ctx, l.Addr().String(),
+			msg.WithCMOptions(cm.WithLogger(zerolog.New(&log).Level(zerolog.DebugLevel))))
+		restore() // the next round's listener needs an ephemeral port
+		tries := strings.Count(log.String(), dialAgainLog)
+		t.Logf("round %d: %d more tries: %v", round, tries, err)
+		if !rxetest.IWARP() {
+			require.NoError(t, err)
+			require.Zero(t, tries, "nothing to dial again for")
+			retried = round == 2 // two rounds are enough to say so
+		} else if err != nil {
+			require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, "every try picked the busy port")
+			require.NoError(t, l.Close())
+			continue
+		} else {
+			retried = tries > 0
+		}
+		s, err := l.Accept(ctx)
+		require.NoError(t, err)
+		want := fmt.Appendf(nil, "round %d", round)
+		require.NoError(t, c.Send(ctx, want))
+		got, err := s.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+		require.NoError(t, s.Send(ctx, want))
+		got, err = c.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+		require.NoError(t, l.Close())
+	}
+	require.True(t, retried, "no dial in 24 rounds needed a second try (each picks the busy port half the time)")
+}
+
+// dialAgainLog is what cm.Dial logs when it dials again from another port.
+const dialAgainLog = "again from another local port"
+
+// firstSparePort is above the default ephemeral range (32768-60999), so
+// that nothing else in the guest takes the ports the tests hold.
+const firstSparePort = 61000
+
+// holdBusyPorts finds n adjacent local ports, from the first free one at
+// or above from, and holds a TCP connection to ln from each until the test
+// ends, from sockets that set SO_REUSEADDR, as siw's do: binding the port
+// again succeeds, and the kernel's connect to ln's address is what refuses
+// it. It returns the first port.
+func holdBusyPorts(t *testing.T, ctx context.Context, ln net.Listener, n, from int) int {
+	t.Helper()
 	go func() { // each connection: read until the client closes, then close
 		for {
 			c, err := ln.Accept()
@@ -67,12 +160,11 @@ func TestDialFromABusyLocalPort(t *testing.T) {
 		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
 		return errors.Join(err, serr)
 	}}
-	// Two adjacent ports above the default ephemeral range (32768-60999),
-	// so that nothing else in the guest takes them meanwhile.
-	var low int
-	for p := 61000; p < 65000 && low == 0; p += 2 {
+	host, _, err := net.SplitHostPort(ln.Addr().String())
+	require.NoError(t, err)
+	for p := from; p+n <= 65535; p++ {
 		var conns []net.Conn
-		for _, port := range []int{p, p + 1} {
+		for port := p; port < p+n; port++ {
 			d := reuse
 			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(host), Port: port}
 			c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
@@ -81,35 +173,33 @@ func TestDialFromABusyLocalPort(t *testing.T) {
 			}
 			conns = append(conns, c)
 		}
-		if len(conns) == 2 {
-			low = p
-			t.Cleanup(func() { conns[0].Close(); conns[1].Close() })
-			continue
+		if len(conns) == n {
+			t.Cleanup(func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			})
+			return p
 		}
 		for _, c := range conns {
 			c.Close()
 		}
 	}
-	require.NotZero(t, low, "no two adjacent free ports")
-	require.NoError(t, ln.Close())
+	require.FailNow(t, "no free local ports", "%d adjacent from %d", n, from)
+	return 0
+}
+
+// setLocalPortRange makes low-high the guest's ephemeral ports, from which
+// rdma_cm picks a dial's local port, until the test ends or restore.
+func setLocalPortRange(t *testing.T, low, high int) (restore func()) {
+	t.Helper()
 	const knob = "/proc/sys/net/ipv4/ip_local_port_range"
 	old, err := os.ReadFile(knob)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(knob, fmt.Appendf(nil, "%d %d", low, low+1), 0o644))
-	t.Cleanup(func() { os.WriteFile(knob, old, 0o644) })
-
-	var log lockedBuffer
-	_, err = cm.Dial(ctx, ln.Addr().String(), cm.WithLogger(zerolog.New(&log).Level(zerolog.DebugLevel)))
-	t.Logf("%v", err)
-	tries := strings.Count(log.String(), "again from another local port")
-	if !rxetest.IWARP() {
-		require.ErrorIs(t, err, syscall.ECONNREFUSED)
-		require.Zero(t, tries, "nothing to dial again for")
-		return
-	}
-	require.ErrorIs(t, err, syscall.EADDRNOTAVAIL)
-	require.ErrorContains(t, err, "already has a TCP connection")
-	require.Equal(t, 3, tries, "four dials in all, each from a busy port")
+	require.NoError(t, os.WriteFile(knob, fmt.Appendf(nil, "%d %d", low, high), 0o644))
+	restore = sync.OnceFunc(func() { os.WriteFile(knob, old, 0o644) })
+	t.Cleanup(restore)
+	return restore
 }
 
 // lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.

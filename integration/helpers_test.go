@@ -94,6 +94,9 @@ func closeAndDrain(t *testing.T, ep *endpoint.Endpoint) {
 // buffers back; the caller closes *pool.
 func receivesOnSetup(pool **bufpool.Pool, size, count, post int) cm.HandshakeOption {
 	return cm.WithSetup(func(ep *endpoint.Endpoint) error {
+		if *pool != nil { // an endpoint Dial tried before this one, closed
+			(*pool).Close()
+		}
 		p, err := bufpool.New(ep.PD(), bufpool.Size(size), bufpool.Count(count))
 		if err != nil {
 			return err

@@ -231,10 +231,21 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 // postReceives is the cm setup step: the receives are posted before the
 // connection is, so the peer's first credits are real. The pool it makes
 // is stored in *pool; if the connection then fails, the posted buffers
-// come back to the connection's binder (the endpoint's handler), and
+// come back to the connection's binder b (the endpoint's handler), and
 // abandon puts them back and closes the pool.
-func postReceives(o options, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
+//
+// cm.Dial runs it once for each endpoint it tries: on iWARP it dials
+// again from another local port when the first one is taken, after
+// closing the endpoint it tried. What that endpoint left with b (its
+// flushed receives, its end) and its pool are freed first, so that the
+// new endpoint starts b afresh.
+func postReceives(o options, b *binder, pool **bufpool.Pool) func(*endpoint.Endpoint) error {
 	return func(ep *endpoint.Endpoint) error {
+		if *pool != nil {
+			abandon(b, *pool)
+			b.renew()
+			*pool = nil
+		}
 		p, err := bufpool.New(ep.PD(), bufpool.Size(o.bufSize), bufpool.Count(o.recvDepth))
 		if err != nil {
 			return err
@@ -285,7 +296,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	}
 	var pool *bufpool.Pool
 	b := new(binder)
-	dialOpts := []cm.DialOption{cm.WithSetup(postReceives(o, &pool)),
+	dialOpts := []cm.DialOption{cm.WithSetup(postReceives(o, b, &pool)),
 		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode())}
 	for _, opt := range o.connOptions() {
 		dialOpts = append(dialOpts, opt)
@@ -452,7 +463,7 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	defer cancel()
 	var pool *bufpool.Pool
 	b := new(binder)
-	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, &pool)),
+	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, b, &pool)),
 		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()), handledBy(b))
 	if err != nil {
 		abandon(b, pool)

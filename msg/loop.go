@@ -455,6 +455,15 @@ func (b *binder) attach(c *Conn) {
 	b.c.Store(c)
 }
 
+// renew forgets the end of the endpoint b served, which closed before a
+// Conn was attached, so that b can serve the next one (cm.Dial's next
+// try; see postReceives). discard has put that endpoint's buffers back.
+func (b *binder) renew() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = false
+}
+
 // discard puts back the buffers of what came for a Conn that was never
 // made; the endpoint is closed.
 func (b *binder) discard() {
