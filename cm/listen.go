@@ -210,6 +210,12 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 // connection is established or ctx ends. The connection counts as
 // established when the CM says so or when a receive posted by WithSetup
 // completes, whichever comes first (docs/DESIGN.md: a lost RTU).
+//
+// On iWARP the dialer speaks first: post nothing on the accepted endpoint
+// (no send, write or read) before the dialer's first message has arrived.
+// Sooner, it can reach the dialer's kernel before that has read the
+// handshake's reply, which then ends the dialer's connection (rdma_connect's
+// event reports a connect error). Package msg keeps this rule for its users.
 func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
 	o, err := newAcceptOptions(r.o, opts)
 	if err != nil {

@@ -73,10 +73,25 @@ func helperClient(ctx context.Context, rpcAddr, dataAddr, writeAddr string) erro
 	if err != nil {
 		return err
 	}
-	c := <-ep.Completions()
+	// On iWARP the dialer speaks first (docs/DESIGN.md): a one-byte hello,
+	// to which the server answers with its region's descriptor.
+	hello, _ := pool.TryGet()
+	if err := ep.PostSend(nil, hello, 1); err != nil {
+		return err
+	}
 	var remote bufpool.Remote
-	if c.Err != nil || remote.UnmarshalBinary(c.Buffer.Bytes()[:c.Len]) != nil {
-		return fmt.Errorf("no region descriptor: %v", c.Err)
+	for got := false; !got; {
+		c := <-ep.Completions()
+		switch {
+		case c.Err != nil:
+			return fmt.Errorf("no region descriptor: %w", c.Err)
+		case c.Op != endpoint.OpRecv:
+			pool.Put(c.Buffer) // the hello, sent
+		case remote.UnmarshalBinary(c.Buffer.Bytes()[:c.Len]) != nil:
+			return fmt.Errorf("no region descriptor in %d bytes", c.Len)
+		default:
+			got = true
+		}
 	}
 	fmt.Println("streaming")
 	errs := make(chan error, 6)
@@ -206,11 +221,20 @@ func TestClientKilledMidStream(t *testing.T) {
 	}()
 	go func() {
 		defer wg.Done()
-		ep, err := writeL.Accept(ctx)
+		var helloPool *bufpool.Pool
+		ep, err := writeL.Accept(ctx, receivesOnSetup(&helloPool, 64, 1, 1))
 		if err != nil {
+			if helloPool != nil {
+				helloPool.Close()
+			}
 			close(writeReady)
 			return
 		}
+		hello := <-ep.Completions() // the dialer speaks first; then the descriptor
+		if hello.Buffer != nil {
+			helloPool.Put(hello.Buffer)
+		}
+		helloPool.Close()
 		region, _ := bufpool.NewRegion(ep.PD(), 4096, bufpool.RemoteWrite)
 		pool, _ := bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(1))
 		b, _ := pool.TryGet()
