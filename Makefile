@@ -54,9 +54,10 @@ test-siw: build
 
 # The same device suite on rxe0 without the race detector, which slows
 # the process several times over and can hide a race between the library
-# and the device that shows at full speed. (Not on siw0 yet: there a dial
-# right after a peer was killed is, rarely, refused, and the process then
-# hangs in the kernel as it exits; see docs/TESTING.md.)
+# and the device that shows at full speed. (Not on siw0 yet: there siw
+# rarely closes a listener's TCP socket under rdma_cm (seen after a peer
+# was killed), a later dial to it is refused, and a process once hung in
+# the kernel as it exited after such a refusal; see docs/TESTING.md.)
 test-norace: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
 
