@@ -245,9 +245,32 @@ func TestClientKilledMidStream(t *testing.T) {
 		pool.Close()
 		writeReady <- writeSide{ep, region}
 	}()
+	// When a check fails midway, what was accepted is closed before the
+	// resource check counts: this cleanup runs after startHelper's has
+	// killed the helper, and so after the data reader has seen the end.
+	var dataConn *msg.Conn
+	var ws writeSide
+	t.Cleanup(func() {
+		wg.Wait()
+		select {
+		case dataConn = <-dataReady:
+		default:
+		}
+		select {
+		case ws = <-writeReady:
+		default:
+		}
+		if dataConn != nil {
+			dataConn.Close()
+		}
+		if ws.ep != nil {
+			ws.ep.CloseAndDrain(nil)
+			ws.region.Close()
+		}
+	})
 	child := startHelper(t, "client", "streaming", rpcL.Addr().String(), dataL.Addr().String(), writeL.Addr().String())
-	dataConn := <-dataReady
-	ws := <-writeReady
+	dataConn = <-dataReady
+	ws = <-writeReady
 	require.NotNil(t, dataConn)
 	require.NotNil(t, ws.ep)
 	writeEP, region := ws.ep, ws.region
