@@ -72,14 +72,20 @@ func (p *peer) close() {
 
 // exchange sends mine (the zero Remote when this side exposes nothing) and
 // returns the peer's: both sides do it first, so that each descriptor
-// receive posted at setup is used before the test's own traffic.
-func (p *peer) exchange(mine bufpool.Remote) (bufpool.Remote, error) {
+// receive posted at setup is used before the test's own traffic. The
+// dialer speaks first: the accepting side sends its descriptor once the
+// dialer's has come (on iWARP it must not send sooner; see
+// cm.Request.Accept).
+func (p *peer) exchange(mine bufpool.Remote, dialer bool) (bufpool.Remote, error) {
 	var theirs bufpool.Remote
 	b, _ := p.pool.TryGet()
 	defer p.pool.Put(b)
 	enc, _ := mine.AppendBinary(b.Bytes()[:0])
-	if err := p.ep.PostSend("desc-send", b, len(enc)); err != nil {
-		return theirs, err
+	send := func() error { return p.ep.PostSend("desc-send", b, len(enc)) }
+	if dialer {
+		if err := send(); err != nil {
+			return theirs, err
+		}
 	}
 	sent, got := false, false
 	for c := range p.ep.Completions() {
@@ -94,6 +100,11 @@ func (p *peer) exchange(mine bufpool.Remote) (bufpool.Remote, error) {
 				return theirs, err
 			}
 			got = true
+			if !dialer {
+				if err := send(); err != nil {
+					return theirs, err
+				}
+			}
 		}
 		if sent && got {
 			return theirs, nil
@@ -176,7 +187,7 @@ func serve(ctx context.Context, cfg config) error {
 	if recv != nil {
 		defer recv.pool.Close()
 	}
-	theirs, err := p.exchange(mine)
+	theirs, err := p.exchange(mine, false)
 	if err != nil {
 		return err
 	}
@@ -330,7 +341,7 @@ func runClient(ctx context.Context, cfg config) (result, error) {
 	if region != nil {
 		defer region.Close()
 	}
-	remote, err := p.exchange(mine)
+	remote, err := p.exchange(mine, true)
 	if err != nil {
 		return result{}, err
 	}
