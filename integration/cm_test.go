@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +38,65 @@ func TestDialRefused(t *testing.T) {
 	}
 	t.Logf("refused after %v: %v", time.Since(start), err)
 	require.Less(t, time.Since(start), 10*time.Second, "a refused dial fails fast, not by a timeout")
+}
+
+// TestDialsWhileSignalsArrive: dials made while the process takes a
+// stream of signals all succeed, and so does a last one after the stream.
+// On iWARP the kernel makes the TCP connection inside rdma_connect; a
+// signal that interrupted it made the kernel restart the call, and siw
+// then closed the listener under rdma_cm, so that every later dial to it
+// was refused. SIGCHLD, which the runtime ignores, stands for a child
+// process that exits, which is how the crash tests first met this.
+func TestDialsWhileSignalsArrive(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	var served sync.WaitGroup
+	served.Go(func() {
+		for {
+			ep, err := l.Accept(ctx)
+			if err != nil {
+				return
+			}
+			served.Go(func() {
+				<-ep.Done() // the dialer closed
+				ep.CloseAndDrain(nil)
+			})
+		}
+	})
+	defer served.Wait()
+	defer l.Close()
+
+	const dials = 40
+	var signals atomic.Int64
+	stop := make(chan struct{})
+	var sending sync.WaitGroup
+	sending.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if syscall.Kill(os.Getpid(), syscall.SIGCHLD) != nil {
+				return
+			}
+			signals.Add(1)
+		}
+	})
+	dial := func(i int) {
+		ep, err := cm.Dial(ctx, l.Addr().String())
+		require.NoError(t, err, "dial %d, after %d signals", i, signals.Load())
+		require.NoError(t, ep.CloseAndDrain(nil))
+	}
+	for i := range dials {
+		dial(i)
+	}
+	close(stop)
+	sending.Wait()
+	dial(dials) // the listener is still there
+	t.Logf("%d dials while %d signals came", dials+1, signals.Load())
 }
 
 // TestDialFromABusyLocalPort: on iWARP, rdma_connect fails before any

@@ -285,7 +285,8 @@ func (cp *ConnParam) toC() (C.struct_rdma_conn_param, func()) {
 }
 
 // Connect starts connecting; ESTABLISHED, REJECTED, UNREACHABLE or
-// CONNECT_ERROR follows.
+// CONNECT_ERROR follows. On iWARP it returns once TCP has connected, with
+// signals held off meanwhile (go_rdma_connect says why).
 func (id *CMID) Connect(cp ConnParam) error {
 	if len(cp.PrivateData) > MaxConnPrivateData {
 		return fmt.Errorf("rdma_connect: %d bytes of private data, at most %d fit: %w",
@@ -293,7 +294,7 @@ func (id *CMID) Connect(cp ConnParam) error {
 	}
 	c, free := cp.toC()
 	defer free()
-	if ret, err := C.rdma_connect(id.p, &c); ret != 0 {
+	if ret, err := C.go_rdma_connect(id.p, &c); ret != 0 {
 		return callError("rdma_connect", err)
 	}
 	return nil

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <arpa/inet.h>
 #include "shim.h"
@@ -134,4 +136,25 @@ int go_get_cq_event(struct ibv_comp_channel *ch)
 	struct ibv_cq *cq;
 	void *ctx;
 	return ibv_get_cq_event(ch, &cq, &ctx);
+}
+
+int go_rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+	sigset_t async, old;
+	int ret, saved;
+
+	/* A fault while blocked would kill the process without the runtime's
+	 * report: the synchronous signals stay open. */
+	sigfillset(&async);
+	sigdelset(&async, SIGSEGV);
+	sigdelset(&async, SIGBUS);
+	sigdelset(&async, SIGFPE);
+	sigdelset(&async, SIGILL);
+	sigdelset(&async, SIGTRAP);
+	pthread_sigmask(SIG_BLOCK, &async, &old);
+	ret = rdma_connect(id, param);
+	saved = errno;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	errno = saved;
+	return ret;
 }

@@ -81,4 +81,15 @@ int go_post(uintptr_t qp, uintptr_t srq, uintptr_t recv, uintptr_t send);
 int go_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int go_get_cq_event(struct ibv_comp_channel *ch);
 
+/* go_rdma_connect is rdma_connect with the asynchronous signals blocked on
+ * the calling thread, errno kept. On iWARP the kernel makes the TCP
+ * connection inside rdma_connect; a signal that arrives meanwhile (the
+ * SIGCHLD of a child that exited, the Go runtime's own) interrupts the
+ * connect and the kernel restarts the call, and siw then leaves the
+ * listener's endpoint on the aborted connection, whose close ends the
+ * listener (every later dial to it is refused). Process-directed signals
+ * go to another thread meanwhile; signals aimed at this thread wait until
+ * it returns. */
+int go_rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param);
+
 #endif
