@@ -280,9 +280,11 @@ func TestRdmanetNetRPC(t *testing.T) {
 // reader reads with a deadline of a millisecond or two, renewed for every
 // Read. Some Reads time out (a Timeout error matching
 // os.ErrDeadlineExceeded), and a timeout loses nothing: the reader gets
-// every byte, in order. The writer pauses now and then, longer than the
-// reader's deadlines, so that Reads time out however fast the stream is.
-// The writer's own deadlines, far off, never fire.
+// every byte, in order. Every 16 writes the writer waits until the reader
+// has read all it wrote, then pauses for longer than the reader's
+// deadlines: Reads find the stream empty and time out however much the
+// connection buffers and however fast either side runs. The writer's own
+// deadlines, far off, never fire.
 func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 	rxetest.CheckResources(t)
 	c1, c2, stop, err := rdmanetPair(t)
@@ -290,6 +292,9 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 	defer stop()
 	const chunk, total = 48 << 10, 160 * 48 << 10
 	wrote := make(chan error, 1)
+	var read atomic.Int64 // bytes the reader has checked
+	readerDone := make(chan struct{})
+	defer close(readerDone) // before stop: a failed reader frees a waiting writer
 	go func() {
 		buf := make([]byte, chunk)
 		for off := 0; off < total; off += len(buf) {
@@ -302,6 +307,20 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 				return
 			}
 			if off/chunk%16 == 15 {
+				caughtUp := time.Now().Add(time.Minute)
+				for read.Load() < int64(off+chunk) {
+					select {
+					case <-readerDone:
+						wrote <- errors.New("the reader stopped")
+						return
+					default:
+					}
+					if time.Now().After(caughtUp) {
+						wrote <- fmt.Errorf("the reader has %d of the %d bytes written", read.Load(), off+chunk)
+						return
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
@@ -318,6 +337,7 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 			}
 		}
 		got += n
+		read.Store(int64(got))
 		if err == io.EOF {
 			break
 		}
