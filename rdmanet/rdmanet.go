@@ -39,20 +39,27 @@ const (
 )
 
 // Option configures Dial and Listen.
-type Option func(*[]msg.Option)
+type Option func(*options)
+
+// options is what the Options given to Dial or Listen say: the msg
+// options they add after rdmanet's own.
+type options struct {
+	msg []msg.Option
+}
 
 // WithMsgOptions passes options to the msg connection underneath
 // (keepalive, logger, connection options).
 func WithMsgOptions(opts ...msg.Option) Option {
-	return func(o *[]msg.Option) { *o = append(*o, opts...) }
+	return func(o *options) { o.msg = append(o.msg, opts...) }
 }
 
+// msgOptions is rdmanet's msg options, then those opts add.
 func msgOptions(opts []Option) []msg.Option {
-	o := []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth)}
+	o := options{msg: []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth)}}
 	for _, f := range opts {
 		f(&o)
 	}
-	return o
+	return o.msg
 }
 
 // Conn is a byte stream over one RDMA connection. It implements net.Conn;

@@ -67,20 +67,7 @@ func exportData(t *testing.T, pkgs []string) map[string]string {
 // function, type, field and method of every public package and fails on
 // any type from an internal package in it.
 func TestNoInternalTypesInPublicAPI(t *testing.T) {
-	pkgs := publicPackages(t)
-	files := exportData(t, pkgs)
-	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) {
-		f, ok := files[path]
-		if !ok || f == "" {
-			return nil, fmt.Errorf("no export data for %s", path)
-		}
-		return os.Open(f)
-	})
-	for _, path := range pkgs {
-		pkg, err := imp.Import(path)
-		if err != nil {
-			t.Fatalf("importing %s: %v", path, err)
-		}
+	for path, pkg := range importPublic(t) {
 		w := walker{t: t, seen: map[types.Type]bool{}}
 		scope := pkg.Scope()
 		for _, name := range scope.Names() {
@@ -95,6 +82,64 @@ func TestNoInternalTypesInPublicAPI(t *testing.T) {
 			}
 		}
 	}
+}
+
+// importPublic type-checks every public package from its compiled export
+// data, by import path.
+func importPublic(t *testing.T) map[string]*types.Package {
+	pkgs := publicPackages(t)
+	files := exportData(t, pkgs)
+	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) {
+		f, ok := files[path]
+		if !ok || f == "" {
+			return nil, fmt.Errorf("no export data for %s", path)
+		}
+		return os.Open(f)
+	})
+	imported := map[string]*types.Package{}
+	for _, path := range pkgs {
+		pkg, err := imp.Import(path)
+		if err != nil {
+			t.Fatalf("importing %s: %v", path, err)
+		}
+		imported[path] = pkg
+	}
+	return imported
+}
+
+// TestOptionsAreOpaque: an exported option type (named ...Option, a func
+// of one argument that returns nothing) takes a pointer to an unexported type of its own
+// package, so that options come only from the package's With functions.
+// One that took a type callers can build (rdmanet's took *[]msg.Option)
+// let a caller write an option that drops the package's own settings.
+func TestOptionsAreOpaque(t *testing.T) {
+	options := 0
+	for path, pkg := range importPublic(t) {
+		scope := pkg.Scope()
+		for _, name := range scope.Names() {
+			tn, ok := scope.Lookup(name).(*types.TypeName)
+			if !ok || !tn.Exported() || !strings.HasSuffix(name, "Option") {
+				continue
+			}
+			sig, ok := tn.Type().Underlying().(*types.Signature)
+			if !ok || sig.Params().Len() != 1 || sig.Results().Len() != 0 {
+				continue
+			}
+			options++
+			ptr, _ := sig.Params().At(0).Type().(*types.Pointer)
+			var arg *types.Named
+			if ptr != nil {
+				arg, _ = ptr.Elem().(*types.Named)
+			}
+			if arg == nil || arg.Obj().Exported() || arg.Obj().Pkg() != pkg {
+				t.Errorf("%s.%s is func(%v): an option takes a pointer to an unexported type of %s", path, name, sig.Params().At(0).Type(), pkg.Name())
+			}
+		}
+	}
+	if options < 3 {
+		t.Fatalf("found %d option types: cm's, msg's and rdmanet's at least", options)
+	}
+	t.Logf("%d option types", options)
 }
 
 // walker reports internal types reachable from the exported API.
