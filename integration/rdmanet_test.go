@@ -295,7 +295,7 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 	var read atomic.Int64 // bytes the reader has checked
 	readerDone := make(chan struct{})
 	defer close(readerDone) // before stop: a failed reader frees a waiting writer
-	go func() {
+	writeAll := func() error {
 		buf := make([]byte, chunk)
 		for off := 0; off < total; off += len(buf) {
 			for i := range buf {
@@ -303,28 +303,33 @@ func TestRdmanetDeadlinesUnderLoad(t *testing.T) {
 			}
 			c1.SetWriteDeadline(time.Now().Add(time.Minute))
 			if _, err := c1.Write(buf); err != nil {
-				wrote <- err
-				return
+				return err
 			}
-			if off/chunk%16 == 15 {
-				caughtUp := time.Now().Add(time.Minute)
-				for read.Load() < int64(off+chunk) {
-					select {
-					case <-readerDone:
-						wrote <- errors.New("the reader stopped")
-						return
-					default:
-					}
-					if time.Now().After(caughtUp) {
-						wrote <- fmt.Errorf("the reader has %d of the %d bytes written", read.Load(), off+chunk)
-						return
-					}
-					time.Sleep(100 * time.Microsecond)
+			if off/chunk%16 != 15 {
+				continue
+			}
+			caughtUp := time.Now().Add(time.Minute)
+			for read.Load() < int64(off+chunk) {
+				select {
+				case <-readerDone:
+					return errors.New("the reader stopped")
+				default:
 				}
-				time.Sleep(10 * time.Millisecond)
+				if time.Now().After(caughtUp) {
+					return fmt.Errorf("the reader has %d of the %d bytes written", read.Load(), off+chunk)
+				}
+				time.Sleep(100 * time.Microsecond)
 			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		wrote <- c1.(*rdmanet.Conn).CloseWrite()
+		return c1.(*rdmanet.Conn).CloseWrite()
+	}
+	go func() {
+		err := writeAll()
+		if err != nil {
+			c1.Close() // the reader reads io.EOF, then this error
+		}
+		wrote <- err
 	}()
 	buf := make([]byte, 20000)
 	got, timeouts := 0, 0

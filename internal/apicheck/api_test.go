@@ -108,10 +108,11 @@ func importPublic(t *testing.T) map[string]*types.Package {
 }
 
 // TestOptionsAreOpaque: an exported option type (named ...Option, a func
-// of one argument that returns nothing) takes a pointer to an unexported type of its own
-// package, so that options come only from the package's With functions.
-// One that took a type callers can build (rdmanet's took *[]msg.Option)
-// let a caller write an option that drops the package's own settings.
+// of one argument that returns nothing) takes a pointer to an unexported
+// type of its own package, so that options come only from the package's
+// With functions. One that took a type callers can build (rdmanet's took
+// *[]msg.Option) let a caller write an option that drops the package's
+// own settings.
 func TestOptionsAreOpaque(t *testing.T) {
 	options := 0
 	for path, pkg := range importPublic(t) {
