@@ -248,6 +248,15 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 	}
 	if err == nil {
 		_, err = c.waitEstablished(ctx, c.ctl.Received)
+		if errors.Is(err, ErrPeerDisconnected) {
+			// The dialer disconnected before this side heard that the
+			// handshake ended (its RTU was lost, say). A dialer
+			// disconnects only a connection it had established, so
+			// this one was up: as a TCP listener does, hand it over,
+			// already ended (Done, Err), rather than drop it and wait
+			// for a dialer that has gone.
+			return ep, nil
+		}
 	}
 	if err != nil {
 		ep.CloseAndDrain(nil) // puts back what WithSetup posted

@@ -179,13 +179,61 @@ func TestWireDelay10(t *testing.T) { transfer(t, 7604, "delay", "10ms") }
 func TestWireLostRTU(t *testing.T) {
 	transferWith(t, 7606, "every RTU dropped", func(dev string) { dropRTU(t, dev) })
 	if _, _, server, dev := rxetest.Peer(t); !server {
-		// The filter must have dropped the RTU, or this tested nothing.
-		out, err := exec.Command("tc", "-s", "filter", "show", "dev", dev, "parent", "1:").CombinedOutput()
-		require.NoError(t, err, "tc: %s", out)
-		m := regexp.MustCompile(`dropped (\d+)`).FindStringSubmatch(string(out))
-		require.NotNil(t, m, "no drop count in tc's output: %s", out)
-		require.NotEqual(t, "0", m[1], "the filter dropped no RTU: %s", out)
+		requireRTUDropped(t, dev)
 	}
+}
+
+// TestWireClosedBeforeRTU: the dialer's RTU is lost and the dialer closes
+// at once, so the accepting side hears the disconnect before it heard that
+// the handshake ended. Accept still returns the connection, already ended
+// by the peer, as a TCP listener returns a connection its peer closed; it
+// used to drop it and wait for another dialer, which in a loop of one dial
+// and one Accept never came.
+func TestWireClosedBeforeRTU(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	self, peer, server, dev := rxetest.Peer(t)
+	rxetest.CheckResources(t)
+	const port = "7607"
+	if server {
+		l, err := cm.Listen(ctx, net.JoinHostPort(self, port))
+		require.NoError(t, err)
+		defer l.Close()
+		ep, err := l.Accept(ctx)
+		require.NoError(t, err, "Accept waited for another dialer")
+		defer ep.Close()
+		select {
+		case <-ep.Done():
+		case <-ctx.Done():
+			t.Fatal("the connection the dialer closed did not end")
+		}
+		require.ErrorIs(t, ep.Err(), cm.ErrPeerDisconnected)
+		return
+	}
+	dropRTU(t, dev)
+	for { // the server's guest may boot later, or still be in the last test
+		ep, err := cm.Dial(ctx, net.JoinHostPort(peer, port))
+		if err == nil {
+			require.NoError(t, ep.Close())
+			break
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+			require.NoError(t, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	requireRTUDropped(t, dev)
+}
+
+// requireRTUDropped fails unless dropRTU's filter on dev dropped an RTU:
+// a test that meant to lose one tested nothing otherwise.
+func requireRTUDropped(t *testing.T, dev string) {
+	t.Helper()
+	out, err := exec.Command("tc", "-s", "filter", "show", "dev", dev, "parent", "1:").CombinedOutput()
+	require.NoError(t, err, "tc: %s", out)
+	m := regexp.MustCompile(`dropped (\d+)`).FindStringSubmatch(string(out))
+	require.NotNil(t, m, "no drop count in tc's output: %s", out)
+	require.NotEqual(t, "0", m[1], "the filter dropped no RTU: %s", out)
 }
 
 // dropRTU drops the CM's RTU messages this guest sends on dev until the
