@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 )
@@ -75,12 +76,24 @@ func pair(t *testing.T, ctx context.Context, port int) *msg.Conn {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	// The server's guest may boot later, or still be in the last test.
+	var c *msg.Conn
+	dialServer(t, ctx, func() (err error) {
+		c, err = msg.Dial(ctx, net.JoinHostPort(peer, fmt.Sprint(port)), opts()...)
+		return err
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialServer calls dial until it succeeds: the server's guest may boot
+// later, or still be in the last test, and refuses meanwhile. Any other
+// error, or ctx's end, fails the test.
+func dialServer(t *testing.T, ctx context.Context, dial func() error) {
+	t.Helper()
 	for {
-		c, err := msg.Dial(ctx, net.JoinHostPort(peer, fmt.Sprint(port)), opts()...)
+		err := dial()
 		if err == nil {
-			t.Cleanup(func() { c.Close() })
-			return c
+			return
 		}
 		if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
 			require.NoError(t, err)
@@ -211,17 +224,12 @@ func TestWireClosedBeforeRTU(t *testing.T) {
 		return
 	}
 	dropRTU(t, dev)
-	for { // the server's guest may boot later, or still be in the last test
-		ep, err := cm.Dial(ctx, net.JoinHostPort(peer, port))
-		if err == nil {
-			require.NoError(t, ep.Close())
-			break
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
-			require.NoError(t, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	var ep *endpoint.Endpoint
+	dialServer(t, ctx, func() (err error) {
+		ep, err = cm.Dial(ctx, net.JoinHostPort(peer, port))
+		return err
+	})
+	require.NoError(t, ep.Close())
 	requireRTUDropped(t, dev)
 }
 
