@@ -337,12 +337,11 @@ func (s *blockSource) Read(p []byte) (int, error) {
 
 // TestRPCCallAllocations: a call allocates, at both ends together, the
 // two copies of its payload (the request its handler keeps, the response
-// its caller gets), the server's record of the call (its handler's
-// context), and a few of the channels that wake the connections' control
-// loops; no Message, request buffer or reply channel of its own (12
-// allocations a call before those went). One caller's calls make 5, with
-// the race detector or without; the bound leaves room for -race, as make
-// test runs it, whose sync.Pool drops a share of what is put back.
+// its caller gets) and the server's record of the call (its handler's
+// context), and nothing else: no request head, method name, Message,
+// request buffer or reply channel of its own (12 allocations a call
+// before those went). With the race detector, whose sync.Pool drops a
+// share of what is put back, a reply channel is made now and then.
 func TestRPCCallAllocations(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -353,7 +352,11 @@ func TestRPCCallAllocations(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	t.Logf("%.0f allocations a call, both ends", allocs)
-	require.LessOrEqual(t, allocs, 8.0, "allocations a call, both ends")
+	t.Logf("%.2f allocations a call, both ends", allocs)
+	bound := 3.0
+	if raceEnabled {
+		bound = 4
+	}
+	require.LessOrEqual(t, allocs, bound, "allocations a call, both ends")
 	stop()
 }

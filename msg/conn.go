@@ -1073,6 +1073,9 @@ func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) er
 	return c.sendLent(ctx, TypeData, 0, nil, region, n)
 }
 
+// errNilRegion refuses to send from a region that is not there.
+var errNilRegion = fmt.Errorf("msg: sending from a nil region: %w", endpoint.ErrInvalid)
+
 // sendLent sends head, then the first n bytes of region, as one message
 // of type typ, checking region as SendRegion says. Above MaxInline the
 // peer reads the n bytes from region itself and head travels in the
@@ -1080,7 +1083,7 @@ func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) er
 // name), region's bytes are copied as Send copies them.
 func (c *Conn) sendLent(ctx context.Context, typ Type, id uint64, head []byte, region *bufpool.Region, n int) error {
 	if region == nil {
-		return fmt.Errorf("msg: sending from a nil region: %w", endpoint.ErrInvalid)
+		return errNilRegion
 	}
 	_, domain, err := seam.BufferSGE(region.Buffer(), 0, n) // closed, or n out of range
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"runtime/debug"
 	"sync"
@@ -39,14 +40,54 @@ func requestHead(buf *[256]byte, method string) ([]byte, error) {
 	return buf[:1+copy(buf[1:], method)], nil
 }
 
-// decodeRequest splits a request's payload into its method and the
-// caller's bytes.
-func decodeRequest(p []byte) (string, []byte, error) {
+// decodeRequest splits a request's payload into its method's name and the
+// caller's bytes; both are p's.
+func decodeRequest(p []byte) (method, req []byte, err error) {
 	if len(p) < 1 || p[0] == 0 || len(p) < 1+int(p[0]) {
-		return "", nil, fmt.Errorf("%w: request without a method", ErrMalformed)
+		return nil, nil, fmt.Errorf("%w: request without a method", ErrMalformed)
 	}
 	end := 1 + int(p[0]) // in int: a 255-byte method's 1+p[0] wraps to 0 in byte arithmetic
-	return string(p[1:end]), p[end:], nil
+	return p[1:end], p[end:], nil
+}
+
+// maxMethodNames bounds the names a Server keeps (methodNames): a server
+// has a handful of methods, and callers that send ever new names must
+// not make it grow without end.
+const maxMethodNames = 256
+
+// methodNames turns a request's method name into the string its handler
+// gets, without an allocation for a name seen before: each call would
+// otherwise allocate one. Lookups take no lock (the map is replaced, never
+// changed); the first maxMethodNames names are kept, later ones are made
+// anew for each call.
+type methodNames struct {
+	mu    sync.Mutex // held to add a name
+	known atomic.Pointer[map[string]string]
+}
+
+// name is b as a string, the same string for the same kept name.
+func (n *methodNames) name(b []byte) string {
+	if known := n.known.Load(); known != nil {
+		if s, ok := (*known)[string(b)]; ok { // the conversion in an index does not allocate
+			return s
+		}
+	}
+	s := string(b)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	old := n.known.Load()
+	if old == nil {
+		old = &map[string]string{}
+	}
+	if kept, ok := (*old)[s]; ok { // added since the lookup above
+		return kept
+	}
+	if len(*old) < maxMethodNames {
+		grown := maps.Clone(*old)
+		grown[s] = s
+		n.known.Store(&grown)
+	}
+	return s
 }
 
 // Client calls a Server over one Conn; many calls run at once, told apart
@@ -132,9 +173,7 @@ func (cl *Client) route(m arrival) routing {
 // late response is then dropped). A handler's error is a *RemoteError,
 // which errors.Is matches to its Code.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
-	return cl.call(ctx, method, func(id uint64, head []byte) error {
-		return cl.c.send(ctx, TypeRequest, id, head, req)
-	})
+	return cl.call(ctx, method, req, nil, 0)
 }
 
 // CallRegion is Call with the request's bytes, the first n of region,
@@ -146,14 +185,19 @@ func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, 
 // read them (or the connection ended), and then the response is waited
 // for within ctx.
 func (cl *Client) CallRegion(ctx context.Context, method string, region *bufpool.Region, n int) ([]byte, error) {
-	return cl.call(ctx, method, func(id uint64, head []byte) error {
-		return cl.c.sendLent(ctx, TypeRequest, id, head, region, n)
-	})
+	if region == nil {
+		return nil, errNilRegion
+	}
+	return cl.call(ctx, method, nil, region, n)
 }
 
-// call sends a request with send, as call id after the method's head, and
-// waits for its response.
-func (cl *Client) call(ctx context.Context, method string, send func(id uint64, head []byte) error) ([]byte, error) {
+// call sends a request as call id, the method's head before its bytes:
+// req's (Call), or the first n of region's, lent (CallRegion; region not
+// nil). It calls the send directly, not through a function value, and
+// takes req and region apart, not in one struct, so that neither the head
+// nor the caller's req has to leave the stack: a call allocates nothing of
+// its own but the response's copy.
+func (cl *Client) call(ctx context.Context, method string, req []byte, region *bufpool.Region, n int) ([]byte, error) {
 	var buf [256]byte
 	head, err := requestHead(&buf, method)
 	if err != nil {
@@ -170,7 +214,12 @@ func (cl *Client) call(ctx context.Context, method string, send func(id uint64, 
 		delete(cl.pending, id)
 		cl.mu.Unlock()
 	}
-	if err := send(id, head); err != nil {
+	if region != nil {
+		err = cl.c.sendLent(ctx, TypeRequest, id, head, region, n)
+	} else {
+		err = cl.c.send(ctx, TypeRequest, id, head, req)
+	}
+	if err != nil {
 		forget()
 		return nil, err
 	}
@@ -293,6 +342,7 @@ type Server struct {
 	errors   uint64         // of those, with an error
 	idle     chan struct{}  // closed when active drops to 0; nil while nobody waits
 	connWG   sync.WaitGroup // connection goroutines (Add only before Shutdown's Wait: under mu, while !shutdown)
+	methods  methodNames
 }
 
 // NewServer makes a Server that answers with h.
@@ -395,12 +445,12 @@ func (s *Server) serveConn(c *Conn) {
 // in a goroutine of its own when concurrent (then start never blocks),
 // otherwise in this goroutine.
 func (s *Server) start(ctx context.Context, c *Conn, m arrival, concurrent bool) error {
-	method, req, err := decodeRequest(m.payload)
+	name, req, err := decodeRequest(m.payload)
 	if err != nil {
 		c.release(m)
 		return err
 	}
-	k := &serverCall{Context: ctx, s: s, c: c, id: m.id, method: method, req: append([]byte(nil), req...)}
+	k := &serverCall{Context: ctx, s: s, c: c, id: m.id, method: s.methods.name(name), req: append([]byte(nil), req...)}
 	c.release(m)
 	s.callStarts()
 	c.out.readied.Add(1) // until its response is on its way

@@ -1,6 +1,7 @@
 package msg
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ func TestRequestHeadRoundTrip(t *testing.T) {
 		for _, body := range [][]byte{nil, []byte("req")} {
 			gotMethod, gotBody, err := decodeRequest(append(append([]byte(nil), head...), body...))
 			require.NoError(t, err, "%d-byte method", len(method))
-			require.Equal(t, method, gotMethod)
+			require.Equal(t, method, string(gotMethod))
 			require.Equal(t, string(body), string(gotBody))
 		}
 	}
@@ -31,4 +32,25 @@ func TestRequestHeadRoundTrip(t *testing.T) {
 		_, _, err := decodeRequest(p)
 		require.ErrorIs(t, err, ErrMalformed, "%v", p)
 	}
+}
+
+// TestMethodNamesAllocateOncePerName: a method name seen before comes back
+// as the same string with no allocation; past maxMethodNames, new names
+// are still right, only not kept.
+func TestMethodNamesAllocateOncePerName(t *testing.T) {
+	var names methodNames
+	echo := names.name([]byte("echo"))
+	require.Equal(t, "echo", echo)
+	allocs := testing.AllocsPerRun(100, func() {
+		if names.name([]byte("echo")) != "echo" {
+			t.Fatal("a kept name came back changed")
+		}
+	})
+	require.Zero(t, allocs, "a kept name allocates")
+	for i := range 2 * maxMethodNames {
+		name := fmt.Sprintf("m%d", i)
+		require.Equal(t, name, names.name([]byte(name)))
+	}
+	require.Len(t, *names.known.Load(), maxMethodNames, "names kept")
+	require.Equal(t, "echo", names.name([]byte("echo")))
 }

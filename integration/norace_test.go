@@ -1,0 +1,6 @@
+//go:build !race
+
+package integration
+
+// raceEnabled says whether the race detector is on (race_test.go).
+const raceEnabled = false
