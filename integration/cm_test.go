@@ -204,16 +204,19 @@ const firstSparePort = 61000
 // or above from, and holds a TCP connection to ln from each until the test
 // ends, from sockets that set SO_REUSEADDR, as siw's do: binding the port
 // again succeeds, and the kernel's connect to ln's address is what refuses
-// it. It returns the first port.
+// it. It returns the first port once ln has accepted each connection:
+// the callers close ln next, and closing a listener resets the
+// connections still waiting in its queue, which frees their ports (a dial
+// from one is then refused by the peer instead of by the local kernel).
 func holdBusyPorts(t *testing.T, ctx context.Context, ln net.Listener, n, from int) int {
 	t.Helper()
-	go func() { // each connection: read until the client closes, then close
+	go func() { // each connection: say it was accepted, read until the client closes, then close
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go func() { io.Copy(io.Discard, c); c.Close() }()
+			go func() { c.Write([]byte{1}); io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
 	reuse := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
@@ -233,6 +236,12 @@ func holdBusyPorts(t *testing.T, ctx context.Context, ln net.Listener, n, from i
 				break
 			}
 			conns = append(conns, c)
+			if err := awaitAccepted(ctx, c); err != nil {
+				for _, c := range conns {
+					c.Close()
+				}
+				require.NoError(t, err, "port %d: the listener never accepted", port)
+			}
 		}
 		if len(conns) == n {
 			t.Cleanup(func() {
@@ -248,6 +257,18 @@ func holdBusyPorts(t *testing.T, ctx context.Context, ln net.Listener, n, from i
 	}
 	require.FailNow(t, "no free local ports", "%d adjacent from %d", n, from)
 	return 0
+}
+
+// awaitAccepted waits for the byte holdBusyPorts' listener writes to each
+// connection it accepted.
+func awaitAccepted(ctx context.Context, c net.Conn) error {
+	if deadline, ok := ctx.Deadline(); ok {
+		c.SetReadDeadline(deadline)
+		defer c.SetReadDeadline(time.Time{})
+	}
+	var b [1]byte
+	_, err := io.ReadFull(c, b[:])
+	return err
 }
 
 // setLocalPortRange makes low-high the guest's ephemeral ports, from which
