@@ -206,8 +206,12 @@ type cqPoller struct {
 	stopWatch func() bool
 }
 
-// disconnect moves the QP to the error state (rdma_disconnect), once, and
-// never after the QP is destroyed.
+// disconnect disconnects and moves the QP to the error state, once, and
+// never after the QP is destroyed. On InfiniBand and RoCE a successful
+// rdma_disconnect has made that move itself (a second one would be a
+// system call for nothing, at every close); on iWARP it only drains the
+// QP (SQD), and after a failed rdma_disconnect the state is unknown, so
+// FailQP makes the move there.
 func (ep *Endpoint) disconnect() {
 	ep.qpMu.Lock()
 	defer ep.qpMu.Unlock()
@@ -215,8 +219,13 @@ func (ep *Endpoint) disconnect() {
 		return
 	}
 	ep.disconnected = true
-	if err := ep.id.Disconnect(); err != nil {
+	err := ep.id.Disconnect()
+	if err != nil {
 		ep.cfg.Logger.Debug().Err(err).Msg("rdma_disconnect")
+	}
+	if err == nil && !ep.dev.IWARP {
+		ep.qpFailed.Store(true)
+		return
 	}
 	if err := ep.id.FailQP(); err != nil {
 		ep.cfg.Logger.Debug().Err(err).Msg("moving the QP to the error state")

@@ -218,3 +218,30 @@ func TestCloseAfterReceivesPostedPastThePeer(t *testing.T) {
 	}
 	require.ElementsMatch(t, posted, back, "each receive's context, once")
 }
+
+// TestCloseFlushesPostedReceives: Close moves the QP to the error state
+// (on InfiniBand and RoCE rdma_disconnect does it, on iWARP a move of
+// Close's own), so the device itself flushes every posted receive: each
+// comes back once with a flush status, none completed by the teardown
+// after the device went quiet.
+func TestCloseFlushesPostedReceives(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const depth = 16
+	p := connect(t, ctx, cm.WithCloseTimeout(2*time.Minute), cm.WithRecvDepth(depth))
+	pool := newPool(t, p.client, 64, depth)
+	for i := range depth {
+		b, _ := pool.TryGet()
+		require.NoError(t, p.client.PostRecv(i, b))
+	}
+	require.NoError(t, p.client.Close())
+	var back []any
+	for c := range p.client.Completions() {
+		var failed *endpoint.CompletionError
+		require.ErrorAs(t, c.Err, &failed, "receive %v: completed by the teardown, not flushed by the device", c.Context)
+		require.Equal(t, endpoint.StatusFlushed, failed.Status, "receive %v", c.Context)
+		back = append(back, c.Context)
+		pool.Put(c.Buffer)
+	}
+	require.Len(t, back, depth, "each receive's context, once")
+}
