@@ -11,10 +11,13 @@ import (
 	"go/token"
 	"go/types"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -22,10 +25,10 @@ const module = "github.com/go-rdma/rdmacm"
 
 // publicPackages are the module's importable library packages: not
 // internal, not commands, not tests.
-func publicPackages(t *testing.T) []string {
+func publicPackages() ([]string, error) {
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{.Name}}", module+"/...").Output()
 	if err != nil {
-		t.Fatalf("go list: %v", err)
+		return nil, fmt.Errorf("go list: %w", err)
 	}
 	var pkgs []string
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -36,18 +39,18 @@ func publicPackages(t *testing.T) []string {
 		pkgs = append(pkgs, path)
 	}
 	if len(pkgs) < 4 {
-		t.Fatalf("found only %v: the list of public packages is wrong", pkgs)
+		return nil, fmt.Errorf("found only %v: the list of public packages is wrong", pkgs)
 	}
-	return pkgs
+	return pkgs, nil
 }
 
 // exportData maps every package the public ones depend on to its compiled
 // export data, for the gc importer.
-func exportData(t *testing.T, pkgs []string) map[string]string {
+func exportData(pkgs []string) (map[string]string, error) {
 	args := append([]string{"list", "-export", "-deps", "-json=ImportPath,Export"}, pkgs...)
 	out, err := exec.Command("go", args...).Output()
 	if err != nil {
-		t.Fatalf("go list -export: %v", err)
+		return nil, fmt.Errorf("go list -export: %w", err)
 	}
 	files := map[string]string{}
 	dec := json.NewDecoder(strings.NewReader(string(out)))
@@ -56,11 +59,11 @@ func exportData(t *testing.T, pkgs []string) map[string]string {
 		if err := dec.Decode(&p); err == io.EOF {
 			break
 		} else if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		files[p.ImportPath] = p.Export
 	}
-	return files
+	return files, nil
 }
 
 // TestNoInternalTypesInPublicAPI walks every exported constant, variable,
@@ -84,11 +87,27 @@ func TestNoInternalTypesInPublicAPI(t *testing.T) {
 	}
 }
 
-// importPublic type-checks every public package from its compiled export
-// data, by import path.
+// importPublic is every public package, type-checked from its compiled
+// export data, by import path (public).
 func importPublic(t *testing.T) map[string]*types.Package {
-	pkgs := publicPackages(t)
-	files := exportData(t, pkgs)
+	pkgs, err := public()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pkgs
+}
+
+// public lists and type-checks the public packages once for all the tests
+// here: each listing is a run of go list.
+var public = sync.OnceValues(func() (map[string]*types.Package, error) {
+	pkgs, err := publicPackages()
+	if err != nil {
+		return nil, err
+	}
+	files, err := exportData(pkgs)
+	if err != nil {
+		return nil, err
+	}
 	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) {
 		f, ok := files[path]
 		if !ok || f == "" {
@@ -100,12 +119,12 @@ func importPublic(t *testing.T) map[string]*types.Package {
 	for _, path := range pkgs {
 		pkg, err := imp.Import(path)
 		if err != nil {
-			t.Fatalf("importing %s: %v", path, err)
+			return nil, fmt.Errorf("importing %s: %w", path, err)
 		}
 		imported[path] = pkg
 	}
-	return imported
-}
+	return imported, nil
+})
 
 // TestOptionsAreOpaque: an exported option type (named ...Option, a func
 // of one argument that returns nothing) takes a pointer to an unexported
@@ -240,7 +259,7 @@ var internalName = regexp.MustCompile(`/internal/|\b(verbs|seam|fdwait|testbed|r
 // which shows declarations as written (constant expressions included) and
 // every exported comment.
 func TestGoDocNamesNothingInternal(t *testing.T) {
-	for _, path := range publicPackages(t) {
+	for _, path := range slices.Sorted(maps.Keys(importPublic(t))) {
 		out, err := exec.Command("go", "doc", "-all", path).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go doc -all %s: %v\n%s", path, err, out)
