@@ -386,22 +386,27 @@ func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
+		l.closeReady()
 		l.cancel()
 		l.closeErr = l.l.Close()
 		l.handshakes.Wait()
-		for {
-			select {
-			case a := <-l.ready:
-				if a.c != nil {
-					a.c.Close()
-				}
-				continue
-			default:
-			}
-			break
-		}
+		l.closeReady()
 	})
 	return l.closeErr
+}
+
+// closeReady closes the connections set up that Accept had not taken.
+func (l *Listener) closeReady() {
+	for {
+		select {
+		case a := <-l.ready:
+			if a.c != nil {
+				a.c.Close()
+			}
+		default:
+			return
+		}
+	}
 }
 
 // Accept waits for the next msg connection, set up already or as soon as
