@@ -655,3 +655,21 @@ func TestListenerCloseRefusesWaitingDials(t *testing.T) {
 	}
 	require.Equal(t, files, rdmaCMFiles(t), "the process's event channel closed with the last id")
 }
+
+// TestAcceptedOutlivesListener: closing a listener ends no connection it
+// accepted, as with TCP: both ends still exchange messages afterwards.
+func TestAcceptedOutlivesListener(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	require.NoError(t, p.listener.Close())
+	time.Sleep(300 * time.Millisecond) // an end the close caused would have come by now
+	require.NoError(t, echoOnce(t, ctx, p))
+	select {
+	case <-p.server.Done():
+		t.Fatalf("the accepted endpoint ended: %v", p.server.Err())
+	case <-p.client.Done():
+		t.Fatalf("the dialed endpoint ended: %v", p.client.Err())
+	default:
+	}
+}

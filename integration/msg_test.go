@@ -1298,6 +1298,24 @@ func TestMsgListenerSetsUpBeforeAccept(t *testing.T) {
 	}
 }
 
+// TestMsgAcceptedOutlivesListener: the same for msg's listener, which sets
+// connections up in the background.
+func TestMsgAcceptedOutlivesListener(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, l := msgPair(t, ctx)
+	require.NoError(t, l.Close())
+	time.Sleep(300 * time.Millisecond) // an end the close caused would have come by now
+	require.NoError(t, client.Send(ctx, []byte("to the server")))
+	got, err := server.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "to the server", string(got))
+	require.NoError(t, server.Send(ctx, []byte("to the client")))
+	got, err = client.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "to the client", string(got))
+}
+
 // TestMsgSendRegion: a message sent from a region the caller lends
 // arrives byte for byte, read by the peer straight from that region: the
 // sender takes no rendezvous region of its own (its region cache is never
