@@ -168,7 +168,7 @@ func TestRdmanetCloseWrite(t *testing.T) {
 }
 
 // TestRdmanetSmallWritesCombine: while the reader reads nothing, small
-// Writes go one message each until the peer's receives are all taken, and
+// Writes go one message each until half the peer's receives are taken, and
 // then into one held message, so that every one of them returns without
 // the reader. Once the reader reads, the held bytes follow; Close sends
 // them before its goodbye, and the reader gets every byte in order, then
@@ -189,8 +189,12 @@ func TestRdmanetSmallWritesCombine(t *testing.T) {
 		require.NoError(t, err, "write %d, with nobody reading", i)
 		require.Equal(t, size, n)
 	}
-	sent := writer.Stats().MessagesSent
-	require.Less(t, sent, uint64(writes/10), "the writes were not combined")
+	// The peer has 32 receives: at most 16 writes went as messages of
+	// their own (credit messages, such as the dialer's greeting, take
+	// receives too).
+	st := writer.Stats()
+	sent := st.MessagesSent
+	require.LessOrEqual(t, st.MessagesSent-st.CreditMessagesSent, uint64(32/2), "writes went alone past half the peer's receives")
 	read := make(chan []byte, 1)
 	go func() {
 		got, _ := io.ReadAll(c2)

@@ -294,7 +294,7 @@ func (c *Conn) controlLoop() {
 			c.fail(silent)
 			return
 		}
-		if m, ok := c.takeStreamLocked(); ok { // a credit came for the stream's held bytes
+		if m, ok := c.takeStreamLocked(false); ok { // a credit came for the stream's held bytes
 			c.mu.Unlock()
 			c.postStream(m) // a refusal ends the connection
 			continue

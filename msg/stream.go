@@ -12,16 +12,18 @@ import (
 // A byte stream (package rdmanet's, through seam.WriteStream) is written as
 // TypeData messages whose boundaries mean nothing to its reader, so
 // consecutive writes may share a message. Every write is copied into the
-// connection's open stream message, which leaves at once while a credit is
-// free: a lone write waits for nothing, as before. A write that finds no
-// credit (the peer has not yet given back any of the receives this side may
-// fill) returns with its bytes held in the open message, and the writes
-// after it fill that message up, to MaxInline; it leaves with the next
-// credit, posted by whoever sees the credit first: a write, or the control
-// loop. Only a write that finds the open message full waits. This is what
-// TCP does with bytes its peer's window will not take yet, and for the same
-// reason: a reader that is behind then gets the bytes of many writes in
-// one message, for one receive, one credit and one doorbell.
+// connection's open stream message, which leaves at once while the reader
+// keeps up: a lone write, or a ping-pong's, waits for nothing. While it
+// does not, the write returns with its bytes held in the open message, and
+// the writes after it fill that message up, to MaxInline. The reader is
+// behind when no credit is free, or when half the peer's receives or more
+// hold messages it has not given back (holdingLocked); the message leaves
+// with the credits the peer returns, posted by whoever sees them first: a
+// write, or the control loop. Only a write that finds the open message full
+// waits, and only for a credit. This is what TCP does with bytes its peer's
+// window will not take yet, and for the same reason: each message costs a
+// receive, a credit and a doorbell whatever its size, so a reader that is
+// behind gets the bytes of many writes in one message.
 //
 // The open message and its state are under c.mu; only one write runs at a
 // time (the caller serializes them). stream.buf is the open message's send
@@ -120,7 +122,7 @@ func (c *Conn) appendStreamLocked(p []byte) error {
 // control loop is told, to send it with the next credit. c.mu is held on
 // entry and released.
 func (c *Conn) leaveOrHoldLocked(fresh bool) error {
-	m, ok := c.takeStreamLocked()
+	m, ok := c.takeStreamLocked(false)
 	c.mu.Unlock()
 	if ok {
 		return c.postStream(m)
@@ -217,14 +219,29 @@ func (c *Conn) streamWaitingLocked() bool {
 	return s.buf != nil && !s.filling && !s.leaving && c.err == nil
 }
 
+// holdingLocked says the open stream message, not full, keeps taking
+// writes although a credit is free: half the peer's receives or more hold
+// messages it has not given back (its reader is behind), and the peer's
+// credit rule returns them in one credit message once it has read them
+// (creditsDue), which lets the message leave. Before Close's goodbye or
+// CloseWrite's end of data nothing is held back for more. c.mu is held.
+func (c *Conn) holdingLocked() bool {
+	return c.credits <= c.holdAt && c.stream.n < c.maxInline && !c.closing && !c.writeClosed.Load()
+}
+
 // streamEmptyLocked says no stream bytes wait to be queued; c.mu is held.
 func (c *Conn) streamEmptyLocked() bool { return c.stream.buf == nil && !c.stream.leaving }
 
 // takeStreamLocked takes the open stream message to post, if it can leave
-// now: a credit is free beyond the one kept for credit messages; c.mu is
-// held. The caller posts it with postStream.
-func (c *Conn) takeStreamLocked() (outgoing, bool) {
+// now: a credit is free beyond the one kept for credit messages, and the
+// message is not held for more bytes (holdingLocked) unless full says a
+// write waits for its room; c.mu is held. The caller posts it with
+// postStream.
+func (c *Conn) takeStreamLocked(full bool) (outgoing, bool) {
 	if !c.streamWaitingLocked() || !c.mayTalk || c.credits <= 1 {
+		return outgoing{}, false
+	}
+	if !full && c.holdingLocked() {
 		return outgoing{}, false
 	}
 	s := &c.stream
@@ -246,7 +263,7 @@ func (c *Conn) postStream(m outgoing) error {
 		c.stream.leaving = false
 		ok := false
 		if err == nil {
-			m, ok = c.takeStreamLocked()
+			m, ok = c.takeStreamLocked(false)
 		}
 		if !ok {
 			c.streamMovedLocked()
@@ -291,11 +308,12 @@ func (c *Conn) makeRoomLocked(ctx context.Context, waited *bool) error {
 	return nil
 }
 
-// moveStreamLocked posts the open stream message if it may leave, or else
-// waits for a change that may let it (waited); c.mu is held on entry, and
-// on return when the error is nil.
+// moveStreamLocked posts the open stream message as soon as a credit lets
+// it leave, never holding it for more bytes (a write needs its room, or
+// the goodbye waits), waiting for a change that may let it (waited); c.mu
+// is held on entry, and on return when the error is nil.
 func (c *Conn) moveStreamLocked(ctx context.Context) (waited bool, err error) {
-	if m, ok := c.takeStreamLocked(); ok {
+	if m, ok := c.takeStreamLocked(true); ok {
 		c.mu.Unlock()
 		if err := c.postStream(m); err != nil {
 			return false, err

@@ -203,12 +203,12 @@ func (c *Conn) fill() error {
 }
 
 // Write writes p to the stream, in messages of up to 64 KiB. It returns
-// once every byte is posted, or held to go with the next credit: while the
-// peer has receives free, each Write leaves at once; when it has none
-// (the reader is behind), Writes are combined into one message, up to
-// 64 KiB, which leaves as soon as the peer gives a receive back, and only
-// a Write that finds that message full waits. Close sends what is held
-// before it closes.
+// once every byte is posted, or held to go with the peer's next credits:
+// while the reader keeps up, each Write leaves at once; when it is behind
+// (half the peer's receives or more hold messages it has not read), Writes
+// are combined into one message, up to 64 KiB, which leaves as soon as the
+// peer gives receives back, and only a Write that finds that message full
+// waits. Close sends what is held before it closes.
 func (c *Conn) Write(p []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
