@@ -388,6 +388,10 @@ func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
+		// The waiting connections close first, while the listener is
+		// still up: closed after it, some had ended before their
+		// goodbye, and their dialers read an error instead of io.EOF.
+		// The second pass closes those a handshake finished meanwhile.
 		l.closeReady()
 		l.cancel()
 		l.closeErr = l.l.Close()
