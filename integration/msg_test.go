@@ -1298,6 +1298,28 @@ func TestMsgListenerSetsUpBeforeAccept(t *testing.T) {
 	}
 }
 
+// TestMsgListenerClosesRightAfterDial: a dialer's Dial returns when its
+// side of the handshake ends, a moment before the listening side hears of
+// it. A listener closed in that moment still says goodbye to the
+// connection: a dialer whose Dial returned reads io.EOF, not an error.
+func TestMsgListenerClosesRightAfterDial(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	for round := range 8 {
+		l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+		require.NoError(t, err)
+		c, err := msg.Dial(ctx, l.Addr().String())
+		if err != nil {
+			l.Close()
+			require.NoError(t, err, "round %d", round)
+		}
+		require.NoError(t, l.Close())
+		_, err = c.Recv(ctx)
+		c.Close()
+		require.ErrorIs(t, err, io.EOF, "round %d: the dialer, whose Dial returned before the listener closed", round)
+	}
+}
+
 // TestMsgAcceptedOutlivesListener: the same for msg's listener, which sets
 // connections up in the background.
 func TestMsgAcceptedOutlivesListener(t *testing.T) {

@@ -358,6 +358,12 @@ const acceptAhead = 64
 // long as the CM retries.
 const handshakeTimeout = 30 * time.Second
 
+// handshakeGrace bounds how long Listener.Close waits for the handshakes in
+// progress to finish. The listening side's handshake normally ends within
+// milliseconds of the dialer's; one whose dialer's answer was lost would
+// wait for the CM to resend its reply, seconds later, and is cut short.
+const handshakeGrace = time.Second
+
 // Listen listens on addr for msg connections.
 func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
 	o, err := newOptions(opts)
@@ -383,19 +389,25 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 
 // Close stops listening and closes the connections set up that Accept had
-// not taken; a blocked Accept returns an error matching net.ErrClosed.
-// Accepted connections are not affected. Idempotent.
+// not taken, with a goodbye, so that their dialers read io.EOF; a blocked
+// Accept returns an error matching net.ErrClosed. Requests not yet taken
+// up are rejected (their Dial fails). A handshake in progress is given up
+// to a second to finish first, and its connection closed the same way:
+// its dialer's Dial may have returned already. Accepted connections are
+// not affected. Idempotent.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
-		// The waiting connections close first, while the listener is
-		// still up: closed after it, some had ended before their
-		// goodbye, and their dialers read an error instead of io.EOF.
-		// The second pass closes those a handshake finished meanwhile.
-		l.closeReady()
-		l.cancel()
-		l.closeErr = l.l.Close()
+		l.closeErr = l.l.Close() // the accept loop ends: no handshake starts
+		// A dialer hears that the handshake ended before this side does:
+		// its Dial returns once the CM's reply reaches it, this side's
+		// handshake when the dialer's answer to that arrives. Cutting the
+		// handshake short in between would end a connection the dialer
+		// already holds, with an error where it should read io.EOF.
+		grace := time.AfterFunc(handshakeGrace, l.cancel)
 		l.handshakes.Wait()
+		grace.Stop()
+		l.cancel()
 		l.closeReady()
 	})
 	return l.closeErr
@@ -442,7 +454,7 @@ func (l *Listener) acceptLoop() {
 	for {
 		select {
 		case l.slots <- struct{}{}:
-		case <-l.ctx.Done():
+		case <-l.closed:
 			return
 		}
 		req, err := l.l.AcceptRequest(l.ctx)

@@ -390,8 +390,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 	return newConn(c), nil
 }
 
-// Close stops listening; a blocked Accept returns. Accepted connections
-// are not affected.
+// Close stops listening; a blocked Accept returns. Connections set up that
+// Accept had not taken are closed (their dialers read io.EOF), after the
+// handshakes in progress are given up to a second to finish. Accepted
+// connections are not affected.
 func (l *Listener) Close() error {
 	l.cancel()
 	return l.l.Close()
