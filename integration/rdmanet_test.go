@@ -206,6 +206,44 @@ func TestRdmanetSmallWritesCombine(t *testing.T) {
 	require.Greater(t, writer.Stats().MessagesSent, sent, "the held bytes left after the reader read")
 }
 
+// TestRdmanetCallsAfterClose: after Close, every call on the Conn fails
+// as on a closed TCP conn, with a *net.OpError matching net.ErrClosed:
+// Reads and Writes, of nothing too, the deadline setters and CloseWrite;
+// Close again returns nil, and the peer reads io.EOF.
+func TestRdmanetCallsAfterClose(t *testing.T) {
+	rxetest.CheckResources(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	conn := c1.(*rdmanet.Conn)
+	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Hour)), "before Close")
+	n, err := conn.Read(nil)
+	require.NoError(t, err, "a Read of nothing before Close")
+	require.Zero(t, n)
+	require.NoError(t, conn.Close())
+	calls := map[string]func() error{
+		"Read":             func() error { _, err := conn.Read(make([]byte, 8)); return err },
+		"Read of nothing":  func() error { _, err := conn.Read(nil); return err },
+		"Write":            func() error { _, err := conn.Write([]byte("late")); return err },
+		"Write of nothing": func() error { _, err := conn.Write(nil); return err },
+		"SetDeadline":      func() error { return conn.SetDeadline(time.Now().Add(time.Hour)) },
+		"SetReadDeadline":  func() error { return conn.SetReadDeadline(time.Time{}) },
+		"SetWriteDeadline": func() error { return conn.SetWriteDeadline(time.Now()) },
+		"CloseWrite":       conn.CloseWrite,
+	}
+	for name, call := range calls {
+		err := call()
+		require.ErrorIs(t, err, net.ErrClosed, name)
+		var opErr *net.OpError
+		require.ErrorAs(t, err, &opErr, name)
+	}
+	require.NoError(t, conn.Close(), "Close again")
+	require.NotNil(t, conn.LocalAddr())
+	require.NotNil(t, conn.RemoteAddr())
+	_, err = c2.Read(make([]byte, 8))
+	require.ErrorIs(t, err, io.EOF)
+}
+
 // Arith is the net/rpc service of TestRdmanetNetRPC.
 type Arith struct{}
 

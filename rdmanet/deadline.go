@@ -17,6 +17,7 @@ type deadline struct {
 	timer   *time.Timer
 	gen     uint64 // which set armed timer; a late timer of an older set does nothing
 	expired bool
+	stopped bool // the connection is closed: set arms nothing
 }
 
 func (d *deadline) init() { d.ctx, d.cancel = context.WithCancel(context.Background()) }
@@ -32,6 +33,9 @@ func (d *deadline) context() context.Context {
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.stopped {
+		return
+	}
 	d.disarm()
 	if !t.IsZero() && !t.After(time.Now()) {
 		d.expire()
@@ -58,6 +62,7 @@ func (d *deadline) set(t time.Time) {
 func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.stopped = true
 	d.disarm()
 }
 

@@ -46,3 +46,15 @@ func TestDeadlineResetAfterItPassed(t *testing.T) {
 	require.NoError(t, d.context().Err())
 	d.stop()
 }
+
+// Once stopped (the connection closed), a deadline arms no timer: a
+// SetDeadline that raced with Close leaves nothing behind.
+func TestDeadlineStoppedArmsNothing(t *testing.T) {
+	var d deadline
+	d.init()
+	d.stop()
+	d.set(time.Now().Add(time.Hour))
+	require.Nil(t, d.timer)
+	d.set(time.Now().Add(-time.Second))
+	require.NoError(t, d.context().Err(), "a stopped deadline does not expire")
+}

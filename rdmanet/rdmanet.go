@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-rdma/rdmacm/internal/seam"
@@ -80,6 +81,11 @@ type Conn struct {
 	writeMu sync.Mutex
 
 	readDeadline, writeDeadline deadline
+
+	// shut: Close was called. Calls that would not otherwise touch the
+	// connection (a Read or Write of nothing, the deadline setters) look
+	// at it, to fail after Close as net's conns do.
+	shut atomic.Bool
 }
 
 var (
@@ -111,7 +117,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if len(p) == 0 {
-		return 0, nil
+		return 0, c.closedError("read")
 	}
 	c.bufMu.Lock()
 	defer c.bufMu.Unlock()
@@ -212,6 +218,9 @@ func (c *Conn) fill() error {
 func (c *Conn) Write(p []byte) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
+	if len(p) == 0 {
+		return 0, c.closedError("write")
+	}
 	written := 0
 	most := min(chunk, c.c.MaxInline()) // the peer's buffers may be smaller than this side's
 	for written < len(p) {
@@ -272,9 +281,10 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 var errInvalidRead = errors.New("rdmanet: the reader returned an invalid count")
 
 // Close closes the connection: the peer reads what was written, then
-// io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed.
-// Idempotent.
+// io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed,
+// as do every later call but Close. Idempotent.
 func (c *Conn) Close() error {
+	c.shut.Store(true)
 	err := c.c.Close() // a blocked Read returns, and leaves bufMu
 	c.readDeadline.stop()
 	c.writeDeadline.stop()
@@ -315,25 +325,44 @@ func (c *Conn) LocalAddr() net.Addr { return c.c.LocalAddr() }
 // RemoteAddr is the peer's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.c.RemoteAddr() }
 
-// SetDeadline sets the read and write deadlines.
+// SetDeadline sets the read and write deadlines. After Close it fails
+// with an error matching net.ErrClosed.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.closedError("set"); err != nil {
+		return err
+	}
 	c.readDeadline.set(t)
 	c.writeDeadline.set(t)
 	return nil
 }
 
 // SetReadDeadline sets the deadline for pending and future Reads; the zero
-// time means none.
+// time means none. After Close it fails as SetDeadline does.
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if err := c.closedError("set"); err != nil {
+		return err
+	}
 	c.readDeadline.set(t)
 	return nil
 }
 
 // SetWriteDeadline sets the deadline for pending and future Writes; the
-// zero time means none.
+// zero time means none. After Close it fails as SetDeadline does.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if err := c.closedError("set"); err != nil {
+		return err
+	}
 	c.writeDeadline.set(t)
 	return nil
+}
+
+// closedError is op's error once Close was called (nil before): the
+// *net.OpError wrapping net.ErrClosed that a closed TCP conn gives.
+func (c *Conn) closedError(op string) error {
+	if !c.shut.Load() {
+		return nil
+	}
+	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: msg.ErrClosed}
 }
 
 // begin is the context of a step of op that d's deadline bounds; once the
