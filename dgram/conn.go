@@ -272,7 +272,7 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	undo = append(undo, c.id.DestroyQP)
+	undo = append(undo, func() { c.id.DestroyQP() })
 	qkey, err := c.id.QKey()
 	if err != nil {
 		return nil, err
@@ -426,7 +426,7 @@ func (c *Conn) Close() error {
 		defer c.recvMu.Unlock()
 		c.tx.drain(c.send.cq, closeDrain)
 		errs := []error{c.paths.leaveAll(c.id)}
-		c.id.DestroyQP() // the device stops here: what follows is no longer its
+		errs = append(errs, c.id.DestroyQP()) // the device stops here: what follows is no longer its
 		c.paths.free()
 		c.rx.release()
 		c.tx.release()

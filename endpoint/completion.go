@@ -345,11 +345,11 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 func (ep *Endpoint) teardown() {
 	ep.qpMu.Lock()
 	ep.qpDestroyed = true
-	ep.id.DestroyQP()
+	qpErr := ep.id.DestroyQP()
 	ep.qpMu.Unlock()
 	ep.poller.mu.Lock()
 	ep.poller.gone = true
-	errs := []error{ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
+	errs := []error{qpErr, ep.cq.Destroy(), ep.wait.Close(), ep.ch.Destroy(), ep.pd.Release()}
 	ep.poller.mu.Unlock()
 	if ep.srq != nil {
 		ep.srq.detach()

@@ -436,7 +436,7 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 	if ep.caps, err = ep.id.CreateQP(ep.pd.PD(), init); err != nil {
 		return err
 	}
-	undo = append(undo, ep.id.DestroyQP)
+	undo = append(undo, func() { ep.id.DestroyQP() })
 	ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent)
 	return err
 }

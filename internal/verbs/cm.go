@@ -107,9 +107,13 @@ type UDParam struct {
 }
 
 // GetEvent returns the next event, or syscall.EAGAIN when none is pending.
+// No QP is taken off its id for destroying while it runs (qpEvents).
 func (c *EventChannel) GetEvent() (*Event, error) {
 	var raw *C.struct_rdma_cm_event
-	if ret, err := C.rdma_get_cm_event(c.p, &raw); ret != 0 {
+	qpEvents.Lock()
+	ret, err := C.rdma_get_cm_event(c.p, &raw)
+	qpEvents.Unlock()
+	if ret != 0 {
 		if err == syscall.EAGAIN {
 			return nil, syscall.EAGAIN
 		}

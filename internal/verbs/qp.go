@@ -351,5 +351,31 @@ func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
 		MaxInline: int(a.cap.max_inline_data)}, nil
 }
 
-// DestroyQP destroys the id's QP (rdma_destroy_qp).
-func (id *CMID) DestroyQP() { C.rdma_destroy_qp(id.p) }
+// qpEvents keeps librdmacm from working on a QP that is being destroyed:
+// rdma_get_cm_event itself works on the event's id's QP (to RTR and RTS on
+// a connect response, to the error state on a reject, attached to a
+// multicast group on a join). A QP destroyed meanwhile would be freed
+// under that work, or refused with EBUSY while the kernel holds it for a
+// call, which rdma_destroy_qp ignores, leaving the QP, its CQ and its PD
+// for the life of the process. Reading an event holds qpEvents; DestroyQP
+// holds it only to take the QP off its id, after which librdmacm leaves
+// it alone, and destroys it outside, so that closing many connections at
+// once stays concurrent.
+var qpEvents sync.Mutex
+
+// DestroyQP destroys the id's QP, as rdma_destroy_qp does (the CQs are
+// the caller's: librdmacm made none), out of librdmacm's reach first
+// (qpEvents), and says when the device refused.
+func (id *CMID) DestroyQP() error {
+	qpEvents.Lock()
+	qp := id.p.qp
+	id.p.qp = nil
+	qpEvents.Unlock()
+	if qp == nil {
+		return nil
+	}
+	if ret := C.ibv_destroy_qp(qp); ret != 0 {
+		return callError("ibv_destroy_qp", syscall.Errno(ret))
+	}
+	return nil
+}
