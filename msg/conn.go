@@ -264,10 +264,13 @@ func postReceives(o options, b *binder, pool **bufpool.Pool) func(*endpoint.Endp
 	}
 }
 
-// abandon frees what a connection that was never made holds, once its
-// endpoint is closed (cm gave up, or the handshake failed after it): the
-// buffers that came back to b go back to their pool, and the receive pool
-// postReceives made closes.
+// abandon frees what a connection that was never made holds (cm gave up,
+// or the handshake failed after it): the buffers that came back to b go
+// back to their pool, and so do those that come back later, and the
+// receive pool postReceives made closes, freeing its memory once the last
+// buffer is back. cm closes the endpoint before Dial or Accept returns,
+// except after an iWARP connect it abandoned in the kernel, which it
+// closes when the kernel returns.
 func abandon(b *binder, pool *bufpool.Pool) {
 	b.discard()
 	if pool != nil {

@@ -404,12 +404,15 @@ func (c *Conn) checkSilence(now time.Time) error {
 // endpoint exists, before its Conn does: completions that come first wait
 // in early, and attach hands them to the Conn, in order, before any later
 // one. If no Conn is ever attached (the set-up failed), abandon puts their
-// buffers back (discard).
+// buffers back (discard), and those of completions still to come: an
+// endpoint cm closes after Dial returned (an iWARP connect abandoned in
+// the kernel) flushes its receives later.
 type binder struct {
-	c     atomic.Pointer[Conn]
-	mu    sync.Mutex
-	early []endpoint.Completion
-	ended bool // the endpoint's last completion came before the Conn
+	c         atomic.Pointer[Conn]
+	mu        sync.Mutex
+	early     []endpoint.Completion
+	ended     bool // the endpoint's last completion came before the Conn
+	discarded bool // no Conn will come: buffers go back as they arrive
 }
 
 // handle is the endpoint's handler; it runs one completion at a time.
@@ -422,6 +425,13 @@ func (b *binder) handle(comp endpoint.Completion) {
 	if c := b.c.Load(); c != nil { // attached meanwhile, after early was handed over
 		b.mu.Unlock()
 		c.handle(comp)
+		return
+	}
+	if b.discarded {
+		b.mu.Unlock()
+		if comp.Buffer != nil {
+			seam.PutBack(comp.Buffer)
+		}
 		return
 	}
 	b.early = append(b.early, comp)
@@ -461,11 +471,11 @@ func (b *binder) attach(c *Conn) {
 func (b *binder) renew() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.ended = false
+	b.ended, b.discarded = false, false
 }
 
 // discard puts back the buffers of what came for a Conn that was never
-// made; the endpoint is closed.
+// made, and of what comes later.
 func (b *binder) discard() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -474,5 +484,5 @@ func (b *binder) discard() {
 			seam.PutBack(comp.Buffer)
 		}
 	}
-	b.early = nil
+	b.early, b.discarded = nil, true
 }
