@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -672,4 +673,128 @@ func TestAcceptedOutlivesListener(t *testing.T) {
 		t.Fatalf("the dialed endpoint ended: %v", p.client.Err())
 	default:
 	}
+}
+
+// TestDialsCancelledMidHandshake: dials whose context ends at every point
+// of the handshake (resolving the address and the route, waiting for the
+// listener's reply, msg's greeting): 60 deadlines spread over one and a
+// half times what the fastest of three unhurried dials took. Each Dial returns the context's
+// error or a connection; the listening side gets the abandoned ones ended,
+// never a hang; and every verbs and CM resource comes back.
+func TestDialsCancelledMidHandshake(t *testing.T) {
+	const dials = 60
+	type dialer func(ctx context.Context, addr string) (io.Closer, error)
+	// run dials addr, then closes the listener (stop) and waits for the
+	// listening side (served).
+	run := func(t *testing.T, before map[string]int, addr string, dial dialer, stop func(), served <-chan struct{}) {
+		var full time.Duration // the fastest of 3 dials with time to finish
+		for i := range 3 {
+			start := time.Now()
+			c, err := dial(testContext(t), addr)
+			require.NoError(t, err, "a dial with time to finish")
+			if took := time.Since(start); i == 0 || took < full {
+				full = took
+			}
+			require.NoError(t, c.Close())
+		}
+		step := full * 3 / 2 / dials
+		established := 0
+		for i := range dials {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i)*step)
+			c, err := dial(ctx, addr)
+			cancel()
+			if err != nil {
+				require.ErrorIs(t, err, context.DeadlineExceeded, "dial %d (deadline %v)", i, time.Duration(i)*step)
+				continue
+			}
+			established++
+			require.NoError(t, c.Close())
+		}
+		t.Logf("the fastest dial took %v; %d of %d dials with deadlines up to %v connected", full, established, dials, step*dials)
+		stop()
+		select {
+		case <-served:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the listening side still holds a connection 30 s after the last dial")
+		}
+		ok := assert.Eventually(t, func() bool {
+			now := rxetest.CountResources(t)
+			return now["qp"] == before["qp"] && now["cm_id"] == before["cm_id"]
+		}, 30*time.Second, 50*time.Millisecond, "the abandoned handshakes were never freed")
+		if !ok {
+			for _, what := range []string{"qp", "cq", "pd", "cm_id"} {
+				out, _ := exec.Command("rdma", "-d", "res", "show", what).CombinedOutput()
+				t.Logf("rdma res show %s:\n%s", what, out)
+			}
+		}
+	}
+	// serve ends each connection accept returns once its dialer ends it,
+	// until accept says the listener closed; then it waits for them all.
+	serve := func(accept func() (done <-chan struct{}, closeConn func(), err error)) <-chan struct{} {
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			var conns sync.WaitGroup
+			defer conns.Wait()
+			for {
+				done, closeConn, err := accept()
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				if err != nil {
+					continue // a handshake its dialer abandoned
+				}
+				conns.Add(1)
+				go func() {
+					defer conns.Done()
+					<-done
+					closeConn()
+				}()
+			}
+		}()
+		return served
+	}
+	t.Run("cm", func(t *testing.T) {
+		ctx := testContext(t)
+		rxetest.CheckResources(t)
+		before := rxetest.CountResources(t)
+		l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+		require.NoError(t, err)
+		served := serve(func() (<-chan struct{}, func(), error) {
+			ep, err := l.Accept(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return ep.Done(), func() { ep.Close() }, nil
+		})
+		run(t, before, l.Addr().String(), func(ctx context.Context, addr string) (io.Closer, error) {
+			return cm.Dial(ctx, addr)
+		}, func() { l.Close() }, served)
+	})
+	t.Run("msg", func(t *testing.T) {
+		ctx := testContext(t)
+		rxetest.CheckResources(t)
+		before := rxetest.CountResources(t)
+		l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+		require.NoError(t, err)
+		served := serve(func() (<-chan struct{}, func(), error) {
+			c, err := l.Accept(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			done := make(chan struct{})
+			go func() { // the dialer's goodbye, or its end, ends the Recv
+				defer close(done)
+				for {
+					if _, err := c.Recv(ctx); err != nil {
+						return
+					}
+				}
+			}()
+			return done, func() { c.Close() }, nil
+		})
+		run(t, before, l.Addr().String(), func(ctx context.Context, addr string) (io.Closer, error) {
+			return msg.Dial(ctx, addr)
+		}, func() { l.Close() }, served)
+	})
 }
