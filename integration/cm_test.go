@@ -717,16 +717,7 @@ func TestDialsCancelledMidHandshake(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the listening side still holds a connection 30 s after the last dial")
 		}
-		ok := assert.Eventually(t, func() bool {
-			now := rxetest.CountResources(t)
-			return now["qp"] == before["qp"] && now["cm_id"] == before["cm_id"]
-		}, 30*time.Second, 50*time.Millisecond, "the abandoned handshakes were never freed")
-		if !ok {
-			for _, what := range []string{"qp", "cq", "pd", "cm_id"} {
-				out, _ := exec.Command("rdma", "-d", "res", "show", what).CombinedOutput()
-				t.Logf("rdma res show %s:\n%s", what, out)
-			}
-		}
+		waitFreed(t, before)
 	}
 	// serve ends each connection accept returns once its dialer ends it,
 	// until accept says the listener closed; then it waits for them all.
@@ -797,4 +788,112 @@ func TestDialsCancelledMidHandshake(t *testing.T) {
 			return msg.Dial(ctx, addr)
 		}, func() { l.Close() }, served)
 	})
+}
+
+// TestAcceptsCancelledMidHandshake: Accepts whose context ends at every
+// point of a handshake, with deadlines swept from 0 to one and a half
+// times the fastest full dial while 60 dials come in one after another.
+// A dial never waits out its own 10 s deadline: it gets a connection (the
+// accepting side may end it at once) or a refusal. Every connection
+// either side got ends, and every QP, CQ, PD and id is freed.
+func TestAcceptsCancelledMidHandshake(t *testing.T) {
+	const dials = 60
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	before := rxetest.CountResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	addr := l.Addr().String()
+	var full time.Duration // the fastest of 3 handshakes with time to finish
+	for i := range 3 {
+		accepted := make(chan error, 1)
+		go func() {
+			ep, err := l.Accept(ctx)
+			if err == nil {
+				<-ep.Done()
+				err = ep.Close()
+			}
+			accepted <- err
+		}()
+		start := time.Now()
+		ep, err := cm.Dial(ctx, addr)
+		require.NoError(t, err)
+		if took := time.Since(start); i == 0 || took < full {
+			full = took
+		}
+		require.NoError(t, ep.Close())
+		require.NoError(t, <-accepted)
+	}
+	step := full * 3 / 2 / dials
+	stop := make(chan struct{})
+	var accepted atomic.Int64
+	served := make(chan struct{})
+	go func() { // Accepts with deadlines swept over a handshake, until stop
+		defer close(served)
+		var conns sync.WaitGroup
+		defer conns.Wait()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			actx, cancel := context.WithTimeout(ctx, time.Duration(i%dials)*step)
+			ep, err := l.Accept(actx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			accepted.Add(1)
+			conns.Add(1)
+			go func() { // until the dialer closes it
+				defer conns.Done()
+				<-ep.Done()
+				ep.Close()
+			}()
+		}
+	}()
+	connected := 0
+	refusals := map[string]int{}
+	for i := range dials {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ep, err := cm.Dial(dctx, addr)
+		cancel()
+		if err != nil {
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "dial %d waited out its deadline", i)
+			refusals[err.Error()]++
+			continue
+		}
+		connected++
+		require.NoError(t, ep.Close())
+	}
+	close(stop)
+	select {
+	case <-served:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the accepting side still holds a connection 30 s after the last dial")
+	}
+	t.Logf("the fastest dial took %v; %d of %d dials connected, %d Accepts returned one; refusals: %v",
+		full, connected, dials, accepted.Load(), refusals)
+	require.NoError(t, l.Close())
+	waitFreed(t, before)
+}
+
+// waitFreed waits until the process holds no more QPs and ids than before
+// (abandoned handshakes end in the background), and fails showing what
+// rdma res lists if it still does after 30 s. rxetest.CheckResources
+// checks the rest.
+func waitFreed(t *testing.T, before map[string]int) {
+	t.Helper()
+	ok := assert.Eventually(t, func() bool {
+		now := rxetest.CountResources(t)
+		return now["qp"] == before["qp"] && now["cm_id"] == before["cm_id"]
+	}, 30*time.Second, 50*time.Millisecond, "the abandoned handshakes were never freed")
+	if !ok {
+		for _, what := range []string{"qp", "cq", "pd", "cm_id"} {
+			out, _ := exec.Command("rdma", "-d", "res", "show", what).CombinedOutput()
+			t.Logf("rdma res show %s:\n%s", what, out)
+		}
+	}
 }
