@@ -214,13 +214,27 @@ func (cl *Client) call(ctx context.Context, method string, req []byte, region *b
 		delete(cl.pending, id)
 		cl.mu.Unlock()
 	}
+	// giveUp forgets the call and gives back a response route sent before
+	// that (its receive or rendezvous region, and the server's credit).
+	// Even a send that failed may have been answered: a request sent by
+	// rendezvous is sent once the server confirms it read it, and the
+	// server may answer first.
+	giveUp := func() {
+		forget()
+		select {
+		case m := <-ch:
+			cl.c.out.readied.Add(-1)
+			cl.c.release(m)
+		default:
+		}
+	}
 	if region != nil {
 		err = cl.c.sendLent(ctx, TypeRequest, id, head, region, n)
 	} else {
 		err = cl.c.send(ctx, TypeRequest, id, head, req)
 	}
 	if err != nil {
-		forget()
+		giveUp()
 		return nil, err
 	}
 	// One waiting caller at a time drives the endpoint itself (polling),
@@ -251,13 +265,7 @@ func (cl *Client) call(ctx context.Context, method string, req []byte, region *b
 				cl.handOn()
 			}
 		case <-ctx.Done():
-			forget()
-			select { // it came as ctx ended: its receive goes back
-			case m := <-ch:
-				cl.c.out.readied.Add(-1)
-				cl.c.release(m)
-			default:
-			}
+			giveUp() // a response that came as ctx ended goes back
 			return nil, ctx.Err()
 		case <-cl.c.Done():
 			<-cl.loopDone // every response that arrived has been routed
