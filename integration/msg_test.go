@@ -394,6 +394,55 @@ func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
 
+// TestLargeCallsGivenUp: calls whose request and response both go by
+// rendezvous (256 KiB each way), given up at every point of a call, from
+// 4 callers at once: deadlines from 0 to one and a half times 4 whole
+// calls (the callers share the link). Afterwards calls still get their
+// own bytes back, Shutdown returns (no handler is left waiting for a
+// response nobody will read), and no region is left registered.
+func TestLargeCallsGivenUp(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	cl, _, stop := rpcClient(t, ctx)
+	req := make([]byte, 256<<10)
+	pattern(req, 9)
+	var whole time.Duration // the fastest of 3 calls with time to finish
+	for i := range 3 {
+		start := time.Now()
+		got, err := cl.Call(ctx, "echo", req)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(req, got))
+		if took := time.Since(start); i == 0 || took < whole {
+			whole = took
+		}
+	}
+	const callers, calls = 4, 40
+	step := whole * callers * 3 / 2 / calls // callers at once share the link
+	var wg sync.WaitGroup
+	var answered atomic.Int32
+	for range callers {
+		wg.Go(func() {
+			for i := range calls {
+				short, cancel := context.WithTimeout(ctx, time.Duration(i)*step)
+				if _, err := cl.Call(short, "echo", req); err == nil {
+					answered.Add(1)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("a call took %v; %d of %d calls given up to %v answered", whole, answered.Load(), callers*calls, step*calls)
+	for i := range 5 {
+		call, cancel := context.WithTimeout(ctx, 10*time.Second)
+		got, err := cl.Call(call, "echo", req)
+		cancel()
+		require.NoError(t, err, "call %d after the given-up ones", i)
+		require.True(t, bytes.Equal(req, got), "call %d after the given-up ones", i)
+	}
+	stop() // its Shutdown waits for every handler
+}
+
 // TestRPCRequestsBeforeServe: requests that arrive before the server
 // serves their connection wait in its inbox (the Server routes requests
 // from the completion loop only once it serves the connection), and are
