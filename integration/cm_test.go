@@ -678,9 +678,10 @@ func TestAcceptedOutlivesListener(t *testing.T) {
 // TestDialsCancelledMidHandshake: dials whose context ends at every point
 // of the handshake (resolving the address and the route, waiting for the
 // listener's reply, msg's greeting): 60 deadlines spread over one and a
-// half times what the fastest of three unhurried dials took. Each Dial returns the context's
-// error or a connection; the listening side gets the abandoned ones ended,
-// never a hang; and every verbs and CM resource comes back.
+// half times what the fastest of three unhurried dials took. Each Dial
+// returns the context's error or a connection; the listening side gets
+// the abandoned ones ended, never a hang; and every verbs and CM resource
+// comes back.
 func TestDialsCancelledMidHandshake(t *testing.T) {
 	const dials = 60
 	type dialer func(ctx context.Context, addr string) (io.Closer, error)
@@ -719,39 +720,13 @@ func TestDialsCancelledMidHandshake(t *testing.T) {
 		}
 		waitFreed(t, before)
 	}
-	// serve ends each connection accept returns once its dialer ends it,
-	// until accept says the listener closed; then it waits for them all.
-	serve := func(accept func() (done <-chan struct{}, closeConn func(), err error)) <-chan struct{} {
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			var conns sync.WaitGroup
-			defer conns.Wait()
-			for {
-				done, closeConn, err := accept()
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
-				if err != nil {
-					continue // a handshake its dialer abandoned
-				}
-				conns.Add(1)
-				go func() {
-					defer conns.Done()
-					<-done
-					closeConn()
-				}()
-			}
-		}()
-		return served
-	}
 	t.Run("cm", func(t *testing.T) {
 		ctx := testContext(t)
 		rxetest.CheckResources(t)
 		before := rxetest.CountResources(t)
 		l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 		require.NoError(t, err)
-		served := serve(func() (<-chan struct{}, func(), error) {
+		served := serveUntilClosed(func() (<-chan struct{}, func(), error) {
 			ep, err := l.Accept(ctx)
 			if err != nil {
 				return nil, nil, err
@@ -768,7 +743,7 @@ func TestDialsCancelledMidHandshake(t *testing.T) {
 		before := rxetest.CountResources(t)
 		l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 		require.NoError(t, err)
-		served := serve(func() (<-chan struct{}, func(), error) {
+		served := serveUntilClosed(func() (<-chan struct{}, func(), error) {
 			c, err := l.Accept(ctx)
 			if err != nil {
 				return nil, nil, err
@@ -826,34 +801,21 @@ func TestAcceptsCancelledMidHandshake(t *testing.T) {
 		require.NoError(t, <-accepted)
 	}
 	step := full * 3 / 2 / dials
-	stop := make(chan struct{})
 	var accepted atomic.Int64
-	served := make(chan struct{})
-	go func() { // Accepts with deadlines swept over a handshake, until stop
-		defer close(served)
-		var conns sync.WaitGroup
-		defer conns.Wait()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			actx, cancel := context.WithTimeout(ctx, time.Duration(i%dials)*step)
-			ep, err := l.Accept(actx)
-			cancel()
-			if err != nil {
-				continue
-			}
-			accepted.Add(1)
-			conns.Add(1)
-			go func() { // until the dialer closes it
-				defer conns.Done()
-				<-ep.Done()
-				ep.Close()
-			}()
+	attempt := 0
+	// Accepts with deadlines swept over a handshake, until the listener
+	// closes.
+	served := serveUntilClosed(func() (<-chan struct{}, func(), error) {
+		actx, cancel := context.WithTimeout(ctx, time.Duration(attempt%dials)*step)
+		defer cancel()
+		attempt++
+		ep, err := l.Accept(actx)
+		if err != nil {
+			return nil, nil, err
 		}
-	}()
+		accepted.Add(1)
+		return ep.Done(), func() { ep.Close() }, nil
+	})
 	connected := 0
 	refusals := map[string]int{}
 	for i := range dials {
@@ -868,7 +830,7 @@ func TestAcceptsCancelledMidHandshake(t *testing.T) {
 		connected++
 		require.NoError(t, ep.Close())
 	}
-	close(stop)
+	require.NoError(t, l.Close())
 	select {
 	case <-served:
 	case <-time.After(30 * time.Second):
@@ -876,8 +838,36 @@ func TestAcceptsCancelledMidHandshake(t *testing.T) {
 	}
 	t.Logf("the fastest dial took %v; %d of %d dials connected, %d Accepts returned one; refusals: %v",
 		full, connected, dials, accepted.Load(), refusals)
-	require.NoError(t, l.Close())
 	waitFreed(t, before)
+}
+
+// serveUntilClosed calls accept until it says the listener closed, and
+// ends each connection it returns once the dialer ends it (done), by
+// closeConn; other errors (handshakes given up) it passes over. The
+// channel closes once the listener has closed and every connection ended.
+func serveUntilClosed(accept func() (done <-chan struct{}, closeConn func(), err error)) <-chan struct{} {
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		var conns sync.WaitGroup
+		defer conns.Wait()
+		for {
+			done, closeConn, err := accept()
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if err != nil {
+				continue
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				<-done
+				closeConn()
+			}()
+		}
+	}()
+	return served
 }
 
 // waitFreed waits until the process holds no more QPs and ids than before
