@@ -266,7 +266,7 @@ func TestSendWithoutCreditSaysWhy(t *testing.T) {
 			m.Release()
 		}
 	}()
-	for i := range 3 { // one credit of the four stays back for credit messages
+	for i := range 2 { // two credits of the four stay back for the protocol's messages
 		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
 		m, err := server.RecvMessage(ctx)
 		require.NoError(t, err)

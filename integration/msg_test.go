@@ -443,6 +443,91 @@ func TestLargeCallsGivenUp(t *testing.T) {
 	stop() // its Shutdown waits for every handler
 }
 
+// TestLargeCallsFewReceives: with the fewest receives a side may post,
+// more callers than credits make large calls both ways by rendezvous, so
+// both sides run out of credits while each owes the other confirmations
+// of reads and credits: every call is answered all the same.
+func TestLargeCallsFewReceives(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	cl, _, stop := rpcClient(t, ctx, msg.WithRecvDepth(4))
+	defer stop()
+	req := make([]byte, 256<<10)
+	pattern(req, 5)
+	const callers, calls = 8, 10
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Go(func() {
+			for i := range calls {
+				call, cancel := context.WithTimeout(ctx, 20*time.Second)
+				got, err := cl.Call(call, "echo", req)
+				cancel()
+				if err == nil && !bytes.Equal(req, got) {
+					err = fmt.Errorf("call %d: the echo differs", i)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("call %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	st := cl.Stats().Conn
+	t.Logf("the client sent %d messages, %d of them credits only; %d credit waits", st.MessagesSent, st.CreditMessagesSent, st.CreditWaits)
+}
+
+// TestMsgBothSendBeforeReading: each side sends first and reads after,
+// with 4 receives a side: one side more small messages than it has
+// credits, the other a message large enough for rendezvous, whose send
+// returns only when the first side confirms it read it. That side's
+// writer is then waiting for a credit and its application releases
+// nothing, yet its confirmation must go: the other side reads only after
+// its send returns.
+func TestMsgBothSendBeforeReading(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	// No keepalives: a keepalive would free the confirmation late.
+	small, large, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	big := make([]byte, 4*large.MaxInline())
+	pattern(big, 11)
+	const n = 8
+	call, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range n {
+			if err := small.Send(call, []byte{byte(i)}); err != nil {
+				t.Errorf("small message %d: %v", i, err)
+				return
+			}
+		}
+		got, err := small.Recv(call)
+		if err != nil || !bytes.Equal(got, big) {
+			t.Errorf("the large message: %v (%d bytes)", err, len(got))
+		}
+	})
+	wg.Go(func() {
+		if err := large.Send(call, big); err != nil {
+			t.Errorf("the large message: %v", err)
+			return
+		}
+		for i := range n {
+			got, err := large.Recv(call)
+			if err != nil || !bytes.Equal(got, []byte{byte(i)}) {
+				t.Errorf("small message %d: %v (%x)", i, err, got)
+				return
+			}
+		}
+	})
+	wg.Wait()
+}
+
 // TestRPCRequestsBeforeServe: requests that arrive before the server
 // serves their connection wait in its inbox (the Server routes requests
 // from the completion loop only once it serves the connection), and are
@@ -1109,19 +1194,19 @@ func TestMsgCloseWhileThePeerReads(t *testing.T) {
 //
 // Keepalives are off, so nothing but the credit rule moves credits: the
 // client receives only replies and credit messages, and the server, left
-// with the one credit it keeps for credit messages, would wait for ever if
-// the client granted only on reaching half its receives.
+// with the credits it keeps for the protocol's messages, would wait for
+// ever if the client granted only on reaching half its receives.
 func TestMsgCloseWrite(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
-	for i := range 3 {
+	for i := range 2 {
 		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
 	}
 	require.NoError(t, client.CloseWrite())
 	require.NoError(t, client.CloseWrite(), "idempotent")
 	require.ErrorIs(t, client.Send(ctx, []byte("late")), msg.ErrWriteClosed)
-	for i := range 3 {
+	for i := range 2 {
 		got, err := server.Recv(ctx)
 		require.NoError(t, err)
 		require.Equal(t, []byte{byte(i)}, got)

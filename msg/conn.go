@@ -115,6 +115,10 @@ type Conn struct {
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
 	rv      *regionCache // rendezvous regions, both directions
+
+	// wantsGrant: the control loop owes a message but keeps its last
+	// credit until there are credits to send with it (dataReserve).
+	wantsGrant bool
 	// For keepalives: when this side last sent and heard, and how many
 	// credits it granted and messages it received in all (the peer's
 	// credits are recvDepth + granted - receivedTotal).
@@ -704,7 +708,7 @@ func (c *Conn) repost(b *bufpool.Buffer) {
 func (c *Conn) grant() {
 	c.mu.Lock()
 	c.toGrant++
-	if c.creditsDue() {
+	if c.creditsDue() || c.wantsGrant {
 		c.wakeControl()
 	}
 	c.mu.Unlock()
@@ -954,12 +958,12 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []by
 	// The credit first, then the buffer: a sender waiting for a credit
 	// must not hold a buffer, or senders waiting on both sides could hold
 	// every buffer there is, and neither side's control loop could send
-	// the credits that would let them go. One credit stays back for those
-	// credit messages, so that two peers that both wait to send can always
-	// tell each other they may.
+	// the credits that would let them go. The last credits stay back for
+	// the control loop (dataReserve), so that two peers that both wait to
+	// send can always tell each other they may.
 	waited := false
 	if err := c.waitFor(ctx, func() bool {
-		ok := c.mayTalk && c.credits > 1
+		ok := c.mayTalk && c.credits > dataReserve
 		if !ok && c.mayTalk && !waited {
 			waited = true
 			c.stats.CreditWaits++

@@ -7,8 +7,9 @@ import (
 )
 
 // TestSilenceRule: silence past the timeout ends the connection only while
-// the peer could have sent: it has a credit and no rendezvous read is in
-// flight either way (its messages wait behind that READ or its responses).
+// the peer could have sent: it has two credits (it spends its last only
+// with credits to grant) and no rendezvous read is in flight either way
+// (its messages wait behind that READ or its responses).
 func TestSilenceRule(t *testing.T) {
 	start := time.Unix(1000, 0)
 	later := start.Add(3 * time.Second)
@@ -26,6 +27,16 @@ func TestSilenceRule(t *testing.T) {
 	c.receivedTotal = 4 // the peer used every credit: this side holds it back
 	if err := c.checkSilence(later); err != nil {
 		t.Fatalf("peer without credits: got %v, want nil", err)
+	}
+
+	c = newConn()
+	c.receivedTotal = 3 // the peer has its last credit, perhaps nothing to grant
+	if err := c.checkSilence(later); err != nil {
+		t.Fatalf("peer with its last credit: got %v, want nil", err)
+	}
+	c.granted = 1 // now it has two: silence counts from then
+	if err := c.checkSilence(later.Add(3 * time.Second)); !errors.Is(err, ErrPeerSilent) {
+		t.Fatalf("silent peer with two credits: got %v, want ErrPeerSilent", err)
 	}
 
 	c = newConn()

@@ -303,9 +303,10 @@ func (c *Conn) controlLoop() {
 		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
 		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 || keepaliveDue)
 		var b *bufpool.Buffer
-		if owed && c.credits >= 1 {
+		if owed && c.mayControlLocked() {
 			b, _ = c.sendPool.TryGet()
 		}
+		c.wantsGrant = owed && c.credits == 1 && c.toGrant == 0
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
 			// Owing, it waits for a credit or a buffer; with stream
 			// bytes held, for a credit or the end of a copy or a post.
@@ -350,12 +351,30 @@ func (c *Conn) controlLoop() {
 	}
 }
 
+// dataReserve is how many credits messages of data (and the stream) leave
+// to the control loop: the last goes only with credits for the peer (as
+// RDS spends it), the one before it also without (a confirmation the peer
+// waits for, say, while this side's application releases nothing).
+//
+// A message that took a side's last credit and gave none back could leave
+// both sides with none, each owing the other credits it could no longer
+// send. With the rule, the side that spent its last credit last gave the
+// peer one, and the message that took it, reposted at once, is a credit
+// the peer owes back: one side can always speak.
+const dataReserve = 2
+
+// mayControlLocked says the control loop may spend a credit now (see
+// dataReserve); c.mu is held.
+func (c *Conn) mayControlLocked() bool {
+	return c.credits >= dataReserve || c.credits == 1 && c.toGrant > 0
+}
+
 // creditsDue says a credit message is owed; c.mu is held. It is when half
-// the receives were reposted, or at once when the peer is down to the one
-// credit it keeps for credit messages: it may be waiting to send, and the
+// the receives were reposted, or at once when the peer is down to the
+// credits it keeps back (dataReserve): it may be waiting to send, and the
 // reposts of a side that receives only credit messages never reach half.
 func (c *Conn) creditsDue() bool {
-	return c.toGrant >= c.grantAt || c.toGrant > 0 && c.peerCredits() <= 1
+	return c.toGrant >= c.grantAt || c.toGrant > 0 && c.peerCredits() <= dataReserve
 }
 
 // peerCredits is how many messages the peer may send at most (fewer if
@@ -363,10 +382,12 @@ func (c *Conn) creditsDue() bool {
 func (c *Conn) peerCredits() int { return c.o.recvDepth + c.granted - c.receivedTotal }
 
 // checkSilence is the keepalive rule; c.mu is held. The peer sends at
-// least every keepalive interval while it has a credit, so silence longer
-// than the timeout while it had one means the peer or the link is gone.
-// (While it has none, because this side holds its messages, silence is
-// this side's doing and does not count. Nor does it while a rendezvous
+// least every keepalive interval while it has two credits or more, so
+// silence longer than the timeout while it had them means the peer or the
+// link is gone. (With one, it may send only if it has credits to give
+// this side, and it may not: this side would grant it more otherwise,
+// unless it holds the peer's messages. With none or one, silence is this
+// side's doing and does not count. Nor does it while a rendezvous
 // read is in flight either way, and a large read on a slow link outlasts
 // the timeout: while the peer reads one of this side's regions, its
 // messages are behind the RDMA READ in the connection's packet order;
@@ -390,7 +411,7 @@ func (c *Conn) checkSilence(now time.Time) error {
 		}
 	}
 	c.lastCheck = now
-	if c.peerCredits() < 1 || len(c.rvSend) > 0 || c.reading > 0 {
+	if c.peerCredits() <= 1 || len(c.rvSend) > 0 || c.reading > 0 {
 		c.lastRecv = now
 		return nil
 	}

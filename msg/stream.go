@@ -233,12 +233,12 @@ func (c *Conn) holdingLocked() bool {
 func (c *Conn) streamEmptyLocked() bool { return c.stream.buf == nil && !c.stream.leaving }
 
 // takeStreamLocked takes the open stream message to post, if it can leave
-// now: a credit is free beyond the one kept for credit messages, and the
+// now: a credit is free beyond those kept back (dataReserve), and the
 // message is not held for more bytes (holdingLocked) unless full says a
 // write waits for its room; c.mu is held. The caller posts it with
 // postStream.
 func (c *Conn) takeStreamLocked(full bool) (outgoing, bool) {
-	if !c.streamWaitingLocked() || !c.mayTalk || c.credits <= 1 {
+	if !c.streamWaitingLocked() || !c.mayTalk || c.credits <= dataReserve {
 		return outgoing{}, false
 	}
 	if !full && c.holdingLocked() {
