@@ -58,6 +58,13 @@ const rejectNoListener = 8
 // Unwrap makes the error match syscall.ECONNREFUSED.
 func (e *RejectError) Unwrap() error { return syscall.ECONNREFUSED }
 
+// Is makes an iWARP reject with status -ECONNRESET match
+// syscall.ECONNRESET as well: soft-iWARP reports a handshake the peer gave
+// up that way, and cannot tell it from a reject.
+func (e *RejectError) Is(target error) bool {
+	return target == syscall.ECONNRESET && e.Reason == -int(syscall.ECONNRESET)
+}
+
 // expect waits on c for the event that ends one step of connection setup.
 func expect(ctx context.Context, q *cmevent.Queue, want verbs.EventType, step string) (*verbs.Event, error) {
 	ev, err := q.Next(ctx)
@@ -76,7 +83,16 @@ func eventError(ev *verbs.Event, step string) error {
 	switch ev.Type {
 	case verbs.EventRejected:
 		return &RejectError{Reason: ev.Status, PrivateData: ev.PrivateData}
-	case verbs.EventAddrError, verbs.EventRouteError, verbs.EventUnreachable, verbs.EventConnectError:
+	case verbs.EventConnectError:
+		if ev.Status == -int(syscall.EINVAL) {
+			// librdmacm got the peer's answer, but the kernel refused to
+			// complete the handshake: the peer had given it up (its
+			// reject came first). A TCP peer that closes an accepted
+			// connection resets it.
+			return fmt.Errorf("cm: %s: the peer gave up the handshake after answering (%v: %v): %w", step, ev.Type, syscall.EINVAL, syscall.ECONNRESET)
+		}
+		fallthrough
+	case verbs.EventAddrError, verbs.EventRouteError, verbs.EventUnreachable:
 		errno := syscall.Errno(-ev.Status)
 		if ev.Status >= 0 {
 			errno = syscall.EHOSTUNREACH

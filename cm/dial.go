@@ -33,7 +33,8 @@ import (
 // address) and returns the connected endpoint. ctx bounds address and route
 // resolution and the connection handshake. A peer that rejects, or a port
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
-// *RejectError carrying the peer's private data).
+// *RejectError carrying the peer's private data); a peer that gives the
+// handshake up after answering, one matching syscall.ECONNRESET.
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
 	host, port, err := net.SplitHostPort(addr)
 	fail := func(err error) (*endpoint.Endpoint, error) {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
 // A refusal says what it means: nobody listening, or what the peer said;
@@ -24,4 +26,24 @@ func TestRejectErrorSaysWhy(t *testing.T) {
 		require.Equal(t, c.want, c.err.Error())
 		require.ErrorIs(t, &c.err, syscall.ECONNREFUSED)
 	}
+}
+
+// A handshake the peer gave up after answering fails as a TCP connection
+// the peer reset: on RoCE librdmacm reports it as CONNECT_ERROR, the
+// kernel having refused the RTU (EINVAL); soft-iWARP as a reject with
+// status -ECONNRESET, which is a refusal too. A plain reject is not a
+// reset.
+func TestGivenUpHandshakesAreResets(t *testing.T) {
+	err := eventError(&verbs.Event{Type: verbs.EventConnectError, Status: -int(syscall.EINVAL)}, "connecting")
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.NotErrorIs(t, err, syscall.EINVAL, "an invalid argument is this side's mistake, not the peer's")
+	require.ErrorContains(t, err, "the peer gave up the handshake")
+
+	err = eventError(&verbs.Event{Type: verbs.EventConnectError, Status: -int(syscall.ETIMEDOUT)}, "connecting")
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
+	require.NotErrorIs(t, err, syscall.ECONNRESET)
+
+	require.ErrorIs(t, &RejectError{Reason: -int(syscall.ECONNRESET)}, syscall.ECONNRESET)
+	require.NotErrorIs(t, &RejectError{Reason: 28}, syscall.ECONNRESET)
+	require.NotErrorIs(t, &RejectError{Reason: 8}, syscall.ECONNRESET)
 }

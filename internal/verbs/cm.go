@@ -84,7 +84,8 @@ func (t EventType) String() string {
 type Event struct {
 	Type EventType
 	// Status is the event's status; for REJECTED it is the IB CM reject
-	// reason, for errors a negative errno.
+	// reason, for errors a negative errno (also for those librdmacm makes
+	// itself, whose own status is -1 with the cause in errno).
 	Status int
 	// ID the event is for; for CONNECT_REQUEST a new id, on ListenID.
 	ID       *CMID
@@ -120,6 +121,12 @@ func (c *EventChannel) GetEvent() (*Event, error) {
 		return nil, callError("rdma_get_cm_event", err)
 	}
 	ev := &Event{Type: EventType(raw.event), Status: int(raw.status), raw: raw, ID: &CMID{p: raw.id}}
+	if errno, ok := err.(syscall.Errno); ok && errno != 0 && ev.Status == -1 && librdmacmMadeError(ev.Type) {
+		// librdmacm turned the event into an error itself, completing
+		// the connection in userspace, and its status is that call's -1:
+		// the cause is in errno.
+		ev.Status = -int(errno)
+	}
 	if raw.listen_id != nil {
 		ev.ListenID = &CMID{p: raw.listen_id}
 	}
@@ -140,6 +147,14 @@ func (c *EventChannel) GetEvent() (*Event, error) {
 	ev.ResponderResources = int(conn.responder_resources)
 	ev.InitiatorDepth = int(conn.initiator_depth)
 	return ev, nil
+}
+
+// librdmacmMadeError says events of type t may be ones librdmacm made of
+// a success it could not complete (a connect response or establishment
+// whose queue pair transitions or RTU failed): CONNECT_ERROR, and the
+// resolution errors it makes when querying the route fails.
+func librdmacmMadeError(t EventType) bool {
+	return t == EventConnectError || t == EventAddrError || t == EventRouteError
 }
 
 // Ack releases the event. Destroying an id waits for all its events to be
