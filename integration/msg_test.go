@@ -528,6 +528,82 @@ func TestMsgBothSendBeforeReading(t *testing.T) {
 	wg.Wait()
 }
 
+// TestSendsGivenUpArriveExactlyOnce: Sends whose deadlines fall at every
+// point of a send, small ones and rendezvous ones in turn, over 4
+// receives a side to a reader that keeps the sender waiting for credits:
+// the reader gets exactly the messages whose Send returned nil, in order,
+// and every other Send failed with its context's error.
+func TestSendsGivenUpArriveExactlyOnce(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	sender, reader, _ := msgPair(t, ctx, msg.WithRecvDepth(4))
+	large := 16 * sender.MaxInline()
+	message := func(i int) []byte {
+		size := 64
+		if i%2 == 1 {
+			size = large
+		}
+		b := make([]byte, size)
+		pattern(b, i)
+		binary.LittleEndian.PutUint32(b, uint32(i))
+		return b
+	}
+	var whole time.Duration // the fastest of 3 pairs of sends read at once
+	for i := range 3 {
+		start := time.Now()
+		for j := range 2 {
+			require.NoError(t, sender.Send(ctx, message(j)))
+			_, err := reader.Recv(ctx)
+			require.NoError(t, err)
+		}
+		if took := time.Since(start); i == 0 || took < whole {
+			whole = took
+		}
+	}
+	const sends = 200
+	// Deadlines from 0 to three pairs' time, sweeping again every 50
+	// sends: a send may wait behind one of the reader's pauses too.
+	step := whole * 3 / 50
+	got := make(chan []int, 1)
+	go func() {
+		var seqs []int
+		defer func() { got <- seqs }()
+		for {
+			b, err := reader.Recv(ctx)
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				t.Errorf("after %d messages: %v", len(seqs), err)
+				return
+			}
+			i := int(binary.LittleEndian.Uint32(b))
+			if !bytes.Equal(b, message(i)) {
+				t.Errorf("message %d: the bytes differ", i)
+			}
+			seqs = append(seqs, i)
+			if len(seqs)%8 == 0 {
+				time.Sleep(whole) // the sender runs out of credits
+			}
+		}
+	}()
+	var sent []int
+	for i := range sends {
+		short, cancel := context.WithTimeout(ctx, time.Duration(i%50)*step)
+		err := sender.Send(short, message(i))
+		cancel()
+		if err == nil {
+			sent = append(sent, i)
+			continue
+		}
+		require.ErrorIs(t, err, context.DeadlineExceeded, "send %d", i)
+	}
+	require.NoError(t, sender.CloseWrite())
+	arrived := <-got
+	t.Logf("a pair of sends took %v; %d of %d sends went", whole, len(sent), sends)
+	require.Equal(t, sent, arrived)
+}
+
 // TestRPCRequestsBeforeServe: requests that arrive before the server
 // serves their connection wait in its inbox (the Server routes requests
 // from the completion loop only once it serves the connection), and are

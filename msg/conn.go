@@ -719,7 +719,11 @@ func (c *Conn) grant() {
 // received: a peer that stops reading, or keeps messages from RecvMessage
 // without releasing them, makes Send wait, and then fail when ctx ends
 // with an error saying so. Larger than MaxInline, it goes by rendezvous: Send
-// returns once the peer has read it.
+// returns once the peer has read it. ctx then bounds the wait for a credit
+// to offer it; once offered, the message will arrive, so Send waits for
+// the peer's read (which starts as the offer arrives) or the connection's
+// end, whatever ctx does. A Send that fails with ctx's error sent nothing,
+// and the next Send's message comes after this one's.
 func (c *Conn) Send(ctx context.Context, payload []byte) error {
 	return c.send(ctx, TypeData, 0, nil, payload)
 }
@@ -1158,8 +1162,11 @@ func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, pa
 }
 
 // offerRendezvous sends the description of the first size bytes of
-// p.region, after head, and waits for the peer's read. A lent region is
-// waited for even after ctx ends: the peer may be reading it.
+// p.region, after head, and waits for the peer's read. ctx bounds the
+// wait for a credit to send the offer; once offered, the message arrives
+// whatever ctx does, so offerRendezvous waits for the read or the
+// connection's end: returning ctx's error then would report as failed a
+// message the peer gets, after messages sent later.
 func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []byte, p *pendingRendezvous, size int) error {
 	region := p.region
 	c.mu.Lock()
@@ -1192,10 +1199,6 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []
 	c.stats.RendezvousSent++
 	c.stats.RendezvousBytesSent += uint64(len(head) + size)
 	c.mu.Unlock()
-	var gaveUp <-chan struct{}
-	if !p.lent {
-		gaveUp = ctx.Done() // the region stays until the peer is done with it
-	}
 	select {
 	case <-p.done:
 		return nil
@@ -1204,7 +1207,5 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []
 			<-c.ep.Done() // the QP no longer answers the peer's reads
 		}
 		return c.Err()
-	case <-gaveUp:
-		return ctx.Err()
 	}
 }

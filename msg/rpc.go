@@ -170,8 +170,10 @@ func (cl *Client) route(m arrival) routing {
 }
 
 // Call sends a request and waits for its response, until ctx ends (the
-// late response is then dropped). A handler's error is a *RemoteError,
-// which errors.Is matches to its Code.
+// late response is then dropped). A request larger than MaxInline is sent
+// as Send sends it: once offered, Call returns only after the server has
+// read it, even if ctx ended meanwhile. A handler's error is a
+// *RemoteError, which errors.Is matches to its Code.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
 	return cl.call(ctx, method, req, nil, 0)
 }
@@ -216,9 +218,9 @@ func (cl *Client) call(ctx context.Context, method string, req []byte, region *b
 	}
 	// giveUp forgets the call and gives back a response route sent before
 	// that (its receive or rendezvous region, and the server's credit).
-	// Even a send that failed may have been answered: a request sent by
-	// rendezvous is sent once the server confirms it read it, and the
-	// server may answer first.
+	// Even a send that failed as the connection ended may have been
+	// answered: a request sent by rendezvous is sent once the server
+	// confirms it read it, and the server may answer first.
 	giveUp := func() {
 		forget()
 		select {
