@@ -115,10 +115,6 @@ type Conn struct {
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
 	rv      *regionCache // rendezvous regions, both directions
-
-	// wantsGrant: the control loop owes a message but keeps its last
-	// credit until there are credits to send with it (dataReserve).
-	wantsGrant bool
 	// For keepalives: when this side last sent and heard, and how many
 	// credits it granted and messages it received in all (the peer's
 	// credits are recvDepth + granted - receivedTotal).
@@ -708,7 +704,9 @@ func (c *Conn) repost(b *bufpool.Buffer) {
 func (c *Conn) grant() {
 	c.mu.Lock()
 	c.toGrant++
-	if c.creditsDue() || c.wantsGrant {
+	// The first credit to grant also lets the control loop spend its last
+	// one (mayControlLocked), on a message it may owe.
+	if c.creditsDue() || c.credits == 1 && c.toGrant == 1 {
 		c.wakeControl()
 	}
 	c.mu.Unlock()

@@ -306,7 +306,6 @@ func (c *Conn) controlLoop() {
 		if owed && c.mayControlLocked() {
 			b, _ = c.sendPool.TryGet()
 		}
-		c.wantsGrant = owed && c.credits == 1 && c.toGrant == 0
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
 			// Owing, it waits for a credit or a buffer; with stream
 			// bytes held, for a credit or the end of a copy or a post.
