@@ -259,14 +259,14 @@ func TestPutOfPostedBufferIsRefused(t *testing.T) {
 func TestSendWithoutCreditSaysWhy(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4))
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(6))
 	var held []*msg.Message
 	defer func() {
 		for _, m := range held {
 			m.Release()
 		}
 	}()
-	for i := range 2 { // two credits of the four stay back for the protocol's messages
+	for i := range 3 { // three credits of the six stay back for the protocol's messages
 		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
 		m, err := server.RecvMessage(ctx)
 		require.NoError(t, err)

@@ -124,13 +124,13 @@ func offHeap(t *testing.T, n int) []byte {
 }
 
 // TestMsgSlowReceiver: the receiver takes nothing for 2 s, then reads
-// slowly. With 4 receives the sender stalls on credits; the QPs run with
+// slowly. With 6 receives the sender stalls on credits; the QPs run with
 // rnr_retry 0, so a single RNR would fail the connection. None does, and
 // every message arrives in order.
 func TestMsgSlowReceiver(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithBufferSize(256))
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithBufferSize(256))
 	const n = 60
 	sent := make(chan error, 1)
 	start := time.Now()
@@ -157,7 +157,7 @@ func TestMsgSlowReceiver(t *testing.T) {
 	require.NoError(t, <-sent)
 	require.NoError(t, client.Err())
 	require.NoError(t, server.Err())
-	t.Logf("%d messages through 4 credits with a stalled receiver in %v, no RNR", n, time.Since(start))
+	t.Logf("%d messages through 6 credits with a stalled receiver in %v, no RNR", n, time.Since(start))
 }
 
 // TestMsgBothWaysManySenders floods a connection from both ends at once,
@@ -169,7 +169,7 @@ func TestMsgSlowReceiver(t *testing.T) {
 func TestMsgBothWaysManySenders(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithBufferSize(256), msg.WithKeepalive(0, 0))
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithBufferSize(256), msg.WithKeepalive(0, 0))
 	const senders, each = 16, 40
 	flow, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -214,7 +214,7 @@ func TestMsgBothWaysManySenders(t *testing.T) {
 	}
 	require.NoError(t, client.Err())
 	require.NoError(t, server.Err())
-	t.Logf("%d messages each way through 4 credits, %v", senders*each, client.Stats().Endpoint)
+	t.Logf("%d messages each way through 6 credits, %v", senders*each, client.Stats().Endpoint)
 }
 
 // TestMsgSendsAreMostlyUnsignaled: a ping-pong of many more messages than
@@ -359,13 +359,13 @@ func sendThenClose(t *testing.T, ctx context.Context, from, to *msg.Conn, n int)
 
 // TestCallsGivenUpKeepTheirCredits: calls whose ctx ends around the time
 // their response arrives must not keep that response's receive: each one
-// kept would be a credit the server never gets back, and with 4 receives
+// kept would be a credit the server never gets back, and with 6 receives
 // the client would soon take no response at all.
 func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	s, addr, served := rpcServer(t, ctx, msg.WithRecvDepth(4))
-	cl, err := msg.DialClient(ctx, addr, msg.WithRecvDepth(4))
+	s, addr, served := rpcServer(t, ctx, msg.WithRecvDepth(6))
+	cl, err := msg.DialClient(ctx, addr, msg.WithRecvDepth(6))
 	require.NoError(t, err)
 	// Timeouts around one round trip, so that some end as the response comes.
 	rtt := time.Now()
@@ -450,7 +450,7 @@ func TestLargeCallsGivenUp(t *testing.T) {
 func TestLargeCallsFewReceives(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	cl, _, stop := rpcClient(t, ctx, msg.WithRecvDepth(4))
+	cl, _, stop := rpcClient(t, ctx, msg.WithRecvDepth(6))
 	defer stop()
 	req := make([]byte, 256<<10)
 	pattern(req, 5)
@@ -482,8 +482,62 @@ func TestLargeCallsFewReceives(t *testing.T) {
 	t.Logf("the client sent %d messages, %d of them credits only; %d credit waits", st.MessagesSent, st.CreditMessagesSent, st.CreditWaits)
 }
 
+// TestCreditsSettleWhileBothHold: two sides whose applications hold all
+// the messages of data the other may send them, one of which then
+// releases one. Each credit message takes a receive on the other side,
+// which owes it back: returning those at once while the peer is low would
+// have the two sides pass credit messages back and forth for as long as
+// the applications hold on. Within a second of the release the
+// connection must be quiet, and once everything is released both sides
+// send again.
+func TestCreditsSettleWhileBothHold(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	a, b, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithKeepalive(0, 0))
+	var held []*msg.Message
+	defer func() {
+		for _, m := range held {
+			m.Release()
+		}
+	}()
+	for _, pair := range [][2]*msg.Conn{{a, b}, {b, a}} {
+		for i := 0; ; i++ { // until the receiver holds all that data may take
+			short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err := pair[0].Send(short, []byte{byte(i)})
+			cancel()
+			if errors.Is(err, context.DeadlineExceeded) {
+				require.Positive(t, i)
+				break
+			}
+			require.NoError(t, err)
+			m, err := pair[1].RecvMessage(ctx)
+			require.NoError(t, err)
+			held = append(held, m)
+		}
+	}
+	held[0].Release() // one of a's messages, which b holds
+	held = held[1:]
+	credits := func() uint64 { return a.Stats().CreditMessagesSent + b.Stats().CreditMessagesSent }
+	time.Sleep(time.Second)
+	before := credits()
+	time.Sleep(time.Second)
+	require.Equal(t, before, credits(), "credit messages a second after the release, both applications holding")
+	t.Logf("%d credit messages in all", before)
+
+	for _, m := range held {
+		m.Release()
+	}
+	held = nil
+	for _, pair := range [][2]*msg.Conn{{a, b}, {b, a}} {
+		require.NoError(t, pair[0].Send(ctx, []byte("again")))
+		got, err := pair[1].Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "again", string(got))
+	}
+}
+
 // TestMsgBothSendBeforeReading: each side sends first and reads after,
-// with 4 receives a side: one side more small messages than it has
+// with 6 receives a side: one side more small messages than it has
 // credits, the other a message large enough for rendezvous, whose send
 // returns only when the first side confirms it read it. That side's
 // writer is then waiting for a credit and its application releases
@@ -493,7 +547,7 @@ func TestMsgBothSendBeforeReading(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	// No keepalives: a keepalive would free the confirmation late.
-	small, large, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	small, large, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithKeepalive(0, 0))
 	big := make([]byte, 4*large.MaxInline())
 	pattern(big, 11)
 	const n = 8
@@ -536,7 +590,7 @@ func TestMsgBothSendBeforeReading(t *testing.T) {
 func TestSendsGivenUpArriveExactlyOnce(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	sender, reader, _ := msgPair(t, ctx, msg.WithRecvDepth(4))
+	sender, reader, _ := msgPair(t, ctx, msg.WithRecvDepth(6))
 	large := 16 * sender.MaxInline()
 	message := func(i int) []byte {
 		size := 64
@@ -1167,7 +1221,7 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 	require.NotNil(t, goodSrv)
 	defer goodSrv.Close()
 
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)))
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)))
 	require.NoError(t, err)
 	defer closeAndDrain(t, raw)
 	badSrv := <-accepted
@@ -1275,7 +1329,7 @@ func TestMsgCloseWhileThePeerReads(t *testing.T) {
 func TestMsgCloseWrite(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithKeepalive(0, 0))
 	for i := range 2 {
 		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
 	}
@@ -1319,7 +1373,7 @@ func TestMsgCloseWriteHeldBehindRendezvous(t *testing.T) {
 	rxetest.CheckResources(t)
 	l, accepted := listenMsg(t, ctx, 1)
 	var rawRecvs *bufpool.Pool
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)),
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)),
 		receivesOnSetup(&rawRecvs, 4096, 4, 4)) // for the reader's credits and its done
 	require.NoError(t, err)
 	defer rawRecvs.Close()
@@ -1445,7 +1499,7 @@ func TestAcceptingSideWaitsForTheDialer(t *testing.T) {
 	rxetest.CheckResources(t)
 	l, accepted := listenMsg(t, ctx, 1)
 	var pool *bufpool.Pool
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(4, 4096)),
+	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)),
 		receivesOnSetup(&pool, 4096, 5, 4))
 	require.NoError(t, err)
 	defer pool.Close()

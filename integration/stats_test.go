@@ -22,7 +22,7 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 
-	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(4), msg.WithKeepalive(0, 0))
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithKeepalive(0, 0))
 	const small, large = 50, 3
 	big := bytes.Repeat([]byte{7}, 1<<20)
 	sent := make(chan error, 1)
@@ -59,7 +59,7 @@ func TestStatsCountTheTraffic(t *testing.T) {
 	require.Equal(t, uint64(large*len(big)), cs.RendezvousBytesSent)
 	require.Equal(t, uint64(large), ss.RendezvousReceived)
 	require.Equal(t, uint64(large*len(big)), ss.RendezvousBytesReceived)
-	require.Positive(t, cs.CreditWaits, "4 receives cannot take 53 messages without a wait")
+	require.Positive(t, cs.CreditWaits, "6 receives cannot take 53 messages without a wait")
 	require.Positive(t, cs.Endpoint.SendDoorbells)
 	require.Positive(t, ss.Endpoint.RecvRequests)
 	require.Positive(t, ss.Endpoint.Completions)

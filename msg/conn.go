@@ -86,11 +86,11 @@ func (c *Conn) message(r arrival) *Message {
 // release gives r's memory back, once; the peer gets the credit.
 func (c *Conn) release(r arrival) {
 	if r.buf != nil {
-		c.repost(r.buf)
+		c.repostAs(r.buf, true)
 		return
 	}
 	c.rv.put(r.region, bufpool.RemoteWrite)
-	c.grant()
+	c.grant(true)
 }
 
 // Conn is a message connection: Send and Recv, with credit-based flow
@@ -115,6 +115,19 @@ type Conn struct {
 	rvSend  map[uint64]*pendingRendezvous
 	nextRV  uint64
 	rv      *regionCache // rendezvous regions, both directions
+
+	// Of toGrant, those of messages of data the application released
+	// (the rest are control messages' receives, reposted as they came).
+	toGrantReleased int
+	// The peer's room for messages of data (see Header.Released): its
+	// receive depth, how many it released in all (its latest header's
+	// Released), and how many this side sent; and this side's count for
+	// its own headers.
+	peerDepth                            int
+	peerReleased, dataSent, dataReleased uint32
+	creditWaiters                        int  // sends of data waiting for a credit
+	peerWantsCredit, askedForCredit      bool // the peer's latest message, this side's, said FlagWantsCredit
+
 	// For keepalives: when this side last sent and heard, and how many
 	// credits it granted and messages it received in all (the peer's
 	// credits are recvDepth + granted - receivedTotal).
@@ -137,6 +150,7 @@ type Conn struct {
 	// greets (greet, a credit message) as soon as the connection is up,
 	// and the accepting side sends nothing until it has heard it (mayTalk).
 	greet, mayTalk bool
+	dialer         bool // this side dialed (breaks ties: see creditsDue)
 	peerClosed     bool // the peer said goodbye
 	stats          Stats
 
@@ -219,10 +233,10 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
 		holdAt:  peer.recvDepth - peer.recvDepth/2,
-		credits: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
+		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
-		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer,
+		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer, dialer: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),
 		handlerDone: make(chan struct{}), recvEnded: make(chan struct{}), ctrlDone: make(chan struct{})}
 	b.attach(c)
@@ -692,18 +706,29 @@ func (c *Conn) awaitDelivery(ctx context.Context) {
 	}
 }
 
-// repost gives a receive buffer back to the device and counts the credit.
-func (c *Conn) repost(b *bufpool.Buffer) {
+// repost gives a control message's receive buffer back to the device and
+// counts the credit.
+func (c *Conn) repost(b *bufpool.Buffer) { c.repostAs(b, false) }
+
+// repostAs reposts b and counts the credit; released: b held a message
+// of data the application released.
+func (c *Conn) repostAs(b *bufpool.Buffer, released bool) {
 	if err := c.ep.PostRecv(nil, b); err != nil {
 		c.recvPool.Put(b) // the connection is over
 		return
 	}
-	c.grant()
+	c.grant(released)
 }
 
-func (c *Conn) grant() {
+// grant counts a receive given back to the peer; released: a message of
+// data the application released (Header.Released counts it).
+func (c *Conn) grant(released bool) {
 	c.mu.Lock()
 	c.toGrant++
+	if released {
+		c.toGrantReleased++
+		c.dataReleased++
+	}
 	// The first credit to grant also lets the control loop spend its last
 	// one (mayControlLocked), on a message it may owe.
 	if c.creditsDue() || c.credits == 1 && c.toGrant == 1 {
@@ -964,14 +989,27 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []by
 	// the control loop (dataReserve), so that two peers that both wait to
 	// send can always tell each other they may.
 	waited := false
-	if err := c.waitFor(ctx, func() bool {
+	err := c.waitFor(ctx, func() bool {
 		ok := c.mayTalk && c.credits > dataReserve
 		if !ok && c.mayTalk && !waited {
 			waited = true
 			c.stats.CreditWaits++
+			c.creditWaiters++
+			c.wakeControl() // it may ask the peer for the credits it holds
 		}
 		return ok
-	}); err != nil {
+	})
+	if waited {
+		if err != nil {
+			c.mu.Lock()
+		}
+		c.creditWaiters--
+		c.wakeControl() // what it owes may have waited for this send
+		if err != nil {
+			c.mu.Unlock()
+		}
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			return err
 		}
@@ -990,7 +1028,7 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []by
 	c.credits-- // this message's, held while it waits for a buffer
 	c.posting.Add(1)
 	c.mu.Unlock()
-	err := c.sendMessage(ctx, typ, id, head, payload)
+	err = c.sendMessage(ctx, typ, id, head, payload)
 	if c.posting.Add(-1) == 0 && c.writeClosed.Load() {
 		c.wakeControl() // it may send the end of data now
 	}
@@ -1062,8 +1100,13 @@ func (c *Conn) takeCreditLocked(h *Header) {
 func (c *Conn) stampLocked(h *Header) {
 	c.countSent(h, 1)
 	h.Credits = uint32(c.toGrant)
+	h.Released = c.dataReleased
 	c.granted += c.toGrant
-	c.toGrant = 0
+	c.toGrant, c.toGrantReleased = 0, 0
+	c.askedForCredit = c.wantsCreditLocked()
+	if c.askedForCredit {
+		h.Flags |= FlagWantsCredit
+	}
 	c.lastSend = time.Now()
 }
 
@@ -1073,6 +1116,9 @@ func (c *Conn) countSent(h *Header, n uint64) {
 	c.stats.MessagesSent += n
 	if h.Type == TypeCredit {
 		c.stats.CreditMessagesSent += n
+	}
+	if h.Type.isData() {
+		c.dataSent += uint32(n)
 	}
 }
 

@@ -12,10 +12,10 @@ import (
 )
 
 // Version is the wire format version every header carries.
-const Version = 2
+const Version = 3
 
 // HeaderSize is the size of the fixed header in front of every message.
-const HeaderSize = 20
+const HeaderSize = 24
 
 // Type is what a message is.
 type Type uint8
@@ -36,6 +36,16 @@ const (
 
 var typeNames = [...]string{"", "data", "credit", "request", "response", "error", "rendezvous", "rendezvous-done", "close", "close-write"}
 
+// isData says a message of type t is one of data, which the receiving
+// application holds until it releases it (see Header).
+func (t Type) isData() bool {
+	switch t {
+	case TypeCredit, TypeRendezvousDone, TypeClose:
+		return false
+	}
+	return true
+}
+
 func (t Type) String() string {
 	if t > 0 && t < typeLimit {
 		return typeNames[t]
@@ -48,7 +58,11 @@ const (
 	// FlagRendezvous: the message's payload came by rendezvous (set on the
 	// TypeRendezvous message; the payload type is in RendezvousInfo).
 	FlagRendezvous uint16 = 1 << iota
-	flagsKnown            = FlagRendezvous
+	// FlagWantsCredit: the sender waits for credits to send data, and the
+	// peer's receives it does not hold (Released) have room for it: the
+	// credits the peer has to grant would let it go.
+	FlagWantsCredit
+	flagsKnown = FlagRendezvous | FlagWantsCredit
 )
 
 // Header is the fixed header. On the wire, little-endian:
@@ -59,12 +73,22 @@ const (
 //	4  credits  u32   receives the sender has posted since it last said so
 //	8  id       u64   request id (requests, responses, rendezvous)
 //	16 length   u32   payload bytes that follow the header
+//	20 released u32   messages of data the sender has released in all
+//
+// Messages of data are those a receiver's application holds until it
+// releases them (data, requests, responses, errors, rendezvous offers and
+// the end of data), as opposed to the control messages (credit,
+// rendezvous-done, close) whose receives are reposted as they arrive. A
+// peer with a receive depth of n may have n + released of them sent in
+// all, so that a sender knows how many the peer's receives can ever hold
+// now (the count wraps at 2^32).
 type Header struct {
-	Type    Type
-	Flags   uint16
-	Credits uint32
-	ID      uint64
-	Length  uint32
+	Type     Type
+	Flags    uint16
+	Credits  uint32
+	ID       uint64
+	Length   uint32
+	Released uint32
 }
 
 // ErrMalformed is returned for a message that cannot be decoded. It ends
@@ -80,6 +104,7 @@ func (h *Header) Encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[4:], h.Credits)
 	binary.LittleEndian.PutUint64(b[8:], h.ID)
 	binary.LittleEndian.PutUint32(b[16:], h.Length)
+	binary.LittleEndian.PutUint32(b[20:], h.Released)
 }
 
 // Decode reads a header from a received message of n bytes and checks it:
@@ -103,6 +128,7 @@ func (h *Header) Decode(b []byte) error {
 	h.Credits = binary.LittleEndian.Uint32(b[4:])
 	h.ID = binary.LittleEndian.Uint64(b[8:])
 	h.Length = binary.LittleEndian.Uint32(b[16:])
+	h.Released = binary.LittleEndian.Uint32(b[20:])
 	if uint64(h.Length) != uint64(len(b)-HeaderSize) {
 		return fmt.Errorf("%w: header announces %d payload bytes, %d arrived", ErrMalformed, h.Length, len(b)-HeaderSize)
 	}

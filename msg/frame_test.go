@@ -7,7 +7,7 @@ import (
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
-	h := Header{Type: TypeRequest, Flags: 0, Credits: 17, ID: 1 << 40, Length: 5}
+	h := Header{Type: TypeRequest, Flags: FlagWantsCredit, Credits: 17, ID: 1 << 40, Length: 5, Released: 1<<32 - 3}
 	b := make([]byte, HeaderSize+5)
 	h.Encode(b)
 	var got Header

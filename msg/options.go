@@ -10,10 +10,11 @@ import (
 	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
-// minRecvDepth: the credit protocol keeps two credits back from data
-// (dataReserve) and grants in halves, which needs a few receives to work
-// with.
-const minRecvDepth = 4
+// minRecvDepth: the credit protocol keeps three credits back from data
+// (dataReserve) and grants in halves; with fewer than twice the reserve,
+// data could leave only when every credit is back, and two sides sending
+// both ways would starve each other.
+const minRecvDepth = 2 * dataReserve
 
 type options struct {
 	recvDepth int
@@ -62,9 +63,9 @@ func newOptions(opts []Option) (options, error) {
 }
 
 // WithRecvDepth sets how many receives each connection keeps posted: the
-// peer's credits (default 32, at least 4). The peer's messages of data may
-// hold all but two of them before this side releases any; the last two are
-// kept for the protocol's own (credits, confirmations, keepalives).
+// peer's credits (default 32, at least 6). The peer's messages of data may
+// hold all but three of them before this side releases any; the last three
+// are kept for the protocol's own (credits, confirmations, keepalives).
 func WithRecvDepth(n int) Option { return func(o *options) { o.recvDepth = n } }
 
 // WithBufferSize sets the size of each receive buffer (default 4096). A
