@@ -301,7 +301,8 @@ func (c *Conn) controlLoop() {
 			c.postStream(m) // a refusal ends the connection
 			continue
 		}
-		eofDue := c.eofWaitingLocked() && c.credits > dataReserve
+		eofWaiting := c.eofWaitingLocked()
+		eofDue := eofWaiting && c.credits > dataReserve
 		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
 		askDue := c.wantsCreditLocked() && !c.askedForCredit
 		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 || keepaliveDue || askDue)
@@ -320,7 +321,7 @@ func (c *Conn) controlLoop() {
 			// Otherwise for work (wakeControl) or the tick alone.
 			var ch <-chan struct{}
 			held := !c.streamEmptyLocked()
-			if owed || held || c.eofWaitingLocked() {
+			if owed || held || eofWaiting {
 				ch = c.changes()
 			}
 			if held {
