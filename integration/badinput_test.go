@@ -176,6 +176,15 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 	rxetest.CheckResources(t)
 	corpus := readFuzzCorpus(t, "../msg/testdata/fuzz/FuzzDecode")
 	require.NotEmpty(t, corpus)
+	thisVersion := 0
+	for _, input := range corpus {
+		if len(input) >= msg.HeaderSize && input[0] == msg.Version {
+			thisVersion++
+		}
+	}
+	// A corpus of an older wire version stops at the version check and
+	// tests nothing behind it: convert it when the header changes.
+	require.Greater(t, thisVersion, len(corpus)/2, "corpus inputs of wire version %d", msg.Version)
 	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 	require.NoError(t, err)
 	defer l.Close()
