@@ -150,7 +150,7 @@ type Conn struct {
 	// greets (greet, a credit message) as soon as the connection is up,
 	// and the accepting side sends nothing until it has heard it (mayTalk).
 	greet, mayTalk bool
-	dialer         bool // this side dialed (breaks ties: see creditsDue)
+	dialer         bool // this side dialed (breaks ties: see creditState.due)
 	peerClosed     bool // the peer said goodbye
 	stats          Stats
 
@@ -730,8 +730,8 @@ func (c *Conn) grant(released bool) {
 		c.dataReleased++
 	}
 	// The first credit to grant also lets the control loop spend its last
-	// one (mayControlLocked), on a message it may owe.
-	if c.creditsDue() || c.credits == 1 && c.toGrant == 1 {
+	// one (creditState.mayControl), on a message it may owe.
+	if c.creditStateLocked(c.eofWaitingLocked()).due() || c.credits == 1 && c.toGrant == 1 {
 		c.wakeControl()
 	}
 	c.mu.Unlock()
@@ -1103,7 +1103,7 @@ func (c *Conn) stampLocked(h *Header) {
 	h.Released = c.dataReleased
 	c.granted += c.toGrant
 	c.toGrant, c.toGrantReleased = 0, 0
-	c.askedForCredit = c.wantsCreditLocked()
+	c.askedForCredit = c.creditStateLocked(c.eofWaitingLocked()).wantsCredit()
 	if c.askedForCredit {
 		h.Flags |= FlagWantsCredit
 	}

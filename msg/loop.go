@@ -181,7 +181,7 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	}
 	c.peerReleased = h.Released
 	c.peerWantsCredit = h.Flags&FlagWantsCredit != 0
-	if c.creditsDue() { // the peer may be starving
+	if c.creditStateLocked(c.eofWaitingLocked()).due() { // the peer may be starving
 		c.wakeControl()
 	}
 	c.mu.Unlock()
@@ -302,17 +302,13 @@ func (c *Conn) controlLoop() {
 			continue
 		}
 		eofWaiting := c.eofWaitingLocked()
-		eofDue := eofWaiting && c.credits > dataReserve
+		cs := c.creditStateLocked(eofWaiting)
+		eofDue := eofWaiting && cs.dataMayGo()
 		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
-		askDue := c.wantsCreditLocked() && !c.askedForCredit
-		owed := c.mayTalk && !c.closing && (c.greet || eofDue || c.creditsDue() || len(c.dones) > 0 || keepaliveDue || askDue)
-		if c.creditWaiters > 0 && c.credits > dataReserve {
-			// A send waits for the credit that came: it goes first, and
-			// carries the credits this side owes.
-			owed = false
-		}
+		other := c.greet || eofDue || len(c.dones) > 0 || keepaliveDue
+		owed := c.mayTalk && !c.closing && cs.controlOwed(other, c.askedForCredit, c.creditWaiters > 0)
 		var b *bufpool.Buffer
-		if owed && c.mayControlLocked() {
+		if owed && cs.mayControl() {
 			b, _ = c.sendPool.TryGet()
 		}
 		if b == nil { // nothing owed, or no credit or buffer yet: wait for a change or a tick
@@ -359,73 +355,22 @@ func (c *Conn) controlLoop() {
 	}
 }
 
-// dataReserve is how many credits messages of data (and the stream) leave
-// to the control loop, which spends them by these rules:
-//
-//   - the last credit goes only with credits for the peer (as RDS spends
-//     it). A message that took a side's last credit and gave none back
-//     could leave both sides with none, each owing the other credits it
-//     could no longer send; with the rule, the side that spent its last
-//     credit last gave the peer one, and the message that took it,
-//     reposted at once, is a credit the peer owes back;
-//   - credits are owed (creditsDue) when half the receives were reposted,
-//     when the application released a message and the peer is down to
-//     the reserve (it may wait to send), when the peer is down to one
-//     credit (it cannot ask: it may owe a confirmation), and when the
-//     peer asks for them (FlagWantsCredit) and they would let its data
-//     go;
-//   - a side whose data waits for credits asks once, while the peer's
-//     receives have room for it (wantsCreditLocked).
-//
-// Receives of control messages, reposted as they arrive, are not by
-// themselves a reason to send a credit message: each such message takes
-// a receive, so returning them would answer credits with credits for
-// ever. Three credits are what lets the rules keep every side able to
-// speak without that: with two, two sides whose applications hold all
-// the data they may have one credit between them each way, and the rule
-// for a peer down to one would pass it back and forth (docs/DESIGN.md).
-const dataReserve = 3
-
-// mayControlLocked says the control loop may spend a credit now (see
-// dataReserve); c.mu is held.
-func (c *Conn) mayControlLocked() bool {
-	return c.credits >= 2 || c.credits == 1 && c.toGrant > 0
-}
-
-// creditsDue says a credit message is owed (see dataReserve); c.mu is
-// held. When both sides' data waits and each asked, the accepting side
-// answers, unless its own data cannot go whatever the peer grants.
-func (c *Conn) creditsDue() bool {
-	if c.toGrant == 0 {
-		return false
+// creditStateLocked is what the credit rules (creditState) look at now;
+// eofWaiting: eofWaitingLocked's answer, taken once by a caller that
+// needs it too. c.mu is held.
+func (c *Conn) creditStateLocked(eofWaiting bool) creditState {
+	return creditState{
+		credits:     c.credits,
+		toGrant:     c.toGrant,
+		grantAt:     c.grantAt,
+		released:    c.toGrantReleased > 0,
+		peerCredits: c.peerCredits(),
+		peerWants:   c.peerWantsCredit,
+		dataWaits:   c.mayTalk && (c.creditWaiters > 0 || c.streamWaitingLocked() || eofWaiting),
+		peerRoom:    int(int32(uint32(c.peerDepth) + c.peerReleased - c.dataSent)),
+		dialer:      c.dialer,
 	}
-	peer := c.peerCredits()
-	switch {
-	case c.toGrant >= c.grantAt, c.toGrantReleased > 0 && peer <= dataReserve, peer <= 1:
-		return true
-	case c.peerWantsCredit && peer+c.toGrant > dataReserve:
-		return !c.needsCreditLocked() || !c.peerHasRoomLocked() || !c.dialer
-	}
-	return false
 }
-
-// needsCreditLocked says data waits for a credit: a send, the stream's
-// open message, or the end of data; c.mu is held.
-func (c *Conn) needsCreditLocked() bool {
-	waiting := c.creditWaiters > 0 || c.streamWaitingLocked() || c.eofWaitingLocked()
-	return waiting && c.mayTalk && c.credits <= dataReserve
-}
-
-// peerHasRoomLocked says the peer's receives that its application does not
-// hold could take this side's data beyond the reserve (Header.Released):
-// credits it grants would let data go; c.mu is held.
-func (c *Conn) peerHasRoomLocked() bool {
-	return int(int32(uint32(c.peerDepth)+c.peerReleased-c.dataSent)) > dataReserve
-}
-
-// wantsCreditLocked says this side's messages ask for credits
-// (FlagWantsCredit); c.mu is held.
-func (c *Conn) wantsCreditLocked() bool { return c.needsCreditLocked() && c.peerHasRoomLocked() }
 
 // eofWaitingLocked says the end of data (CloseWrite's) waits for nothing
 // but a credit: every message let through before it is queued; c.mu is

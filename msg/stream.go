@@ -223,7 +223,7 @@ func (c *Conn) streamWaitingLocked() bool {
 // writes although a credit is free: half the peer's receives or more hold
 // messages it has not given back (its reader is behind), and the peer's
 // credit rule returns them in one credit message once it has read them
-// (creditsDue), which lets the message leave. Before Close's goodbye or
+// (creditState.due), which lets the message leave. Before Close's goodbye or
 // CloseWrite's end of data nothing is held back for more. c.mu is held.
 func (c *Conn) holdingLocked() bool {
 	return c.credits <= c.holdAt && c.stream.n < c.maxInline && !c.closing && !c.writeClosed.Load()

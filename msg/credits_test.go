@@ -1,0 +1,270 @@
+package msg
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The credit model: two sides that follow creditState's rules, every
+// order of their sends, deliveries and application releases. A side's
+// application has some messages of data to send (want), releases at
+// most a few of those it receives (rel; it holds the rest for ever) and
+// may come to owe the peer a confirmation (a rendezvous done).
+//
+// The two properties checked are the ones a Conn must keep:
+//   - no deadlock: data whose peer has room for it, or a confirmation,
+//     never waits in a state where nothing else can happen either;
+//   - no chatter: control messages and their deliveries alone never
+//     cycle, which is two sides trading credit messages for ever.
+
+// modelMsg is a message on its way: data or control, the credits it
+// grants, its FlagWantsCredit, and its sender's room for data (what
+// Header.Released tells: its depth plus the data it released in all).
+type modelMsg struct {
+	data   bool
+	ask    bool
+	grants int8
+	room   int8
+}
+
+// modelQueue is one direction's messages in flight, in order. A side
+// holds at most depth credits, so depth bounds it.
+type modelQueue struct {
+	n int8
+	m [modelMaxDepth]modelMsg
+}
+
+const modelMaxDepth = 8
+
+// modelSide is one side's counts (see creditState for their meaning).
+type modelSide struct {
+	credits, peerCredits  int8
+	toGrantData           int8 // of the receives to grant, released data's
+	toGrantControl        int8 // of the receives to grant, control messages'
+	held                  int8 // data the application holds
+	want                  int8 // data the application has yet to send
+	rel                   int8 // data the application will still release
+	confirm, confirmLater int8 // confirmations owed now, and later
+	peerRoom              int8
+	sent, received        int8 // data in all
+	peerAsks, asked       bool
+}
+
+type modelState struct {
+	side [2]modelSide
+	q    [2]modelQueue // q[i]: from side i to the other
+}
+
+type creditModel struct{ depth int }
+
+// rules is what creditState sees on side i; side 0 dialed.
+func (m creditModel) rules(x modelSide, i int) creditState {
+	return creditState{
+		credits:     int(x.credits),
+		toGrant:     int(x.toGrantData + x.toGrantControl),
+		grantAt:     m.depth / 2,
+		released:    x.toGrantData > 0,
+		peerCredits: int(x.peerCredits),
+		peerWants:   x.peerAsks,
+		dataWaits:   x.want > 0,
+		peerRoom:    int(x.peerRoom),
+		dialer:      i == 0,
+	}
+}
+
+// send has side i take a credit for mm, stamp it as stampLocked does and
+// queue it.
+func (m creditModel) send(st *modelState, i int, mm modelMsg) {
+	x := &st.side[i]
+	x.credits--
+	mm.grants = x.toGrantData + x.toGrantControl
+	x.peerCredits += mm.grants
+	x.toGrantData, x.toGrantControl = 0, 0
+	mm.room = int8(m.depth) + x.received - x.held
+	x.asked = m.rules(*x, i).wantsCredit()
+	mm.ask = x.asked
+	q := &st.q[i]
+	q.m[q.n] = mm
+	q.n++
+}
+
+// step is one transition: control says it is a control message sent or
+// a delivery, which alone must not cycle; release, an application's
+// release of a message.
+type step struct {
+	next             modelState
+	control, release bool
+}
+
+func (m creditModel) steps(st modelState, out []step) []step {
+	for i := range 2 {
+		x := st.side[i]
+		r := m.rules(x, i)
+		if x.held > 0 && x.rel > 0 { // the application releases a message
+			n := st
+			n.side[i].held--
+			n.side[i].rel--
+			n.side[i].toGrantData++
+			out = append(out, step{next: n, release: true})
+		}
+		if x.want > 0 && r.dataMayGo() { // a send
+			n := st
+			n.side[i].want--
+			n.side[i].peerRoom--
+			n.side[i].sent++
+			m.send(&n, i, modelMsg{data: true})
+			out = append(out, step{next: n})
+		}
+		if x.confirmLater > 0 {
+			n := st
+			n.side[i].confirmLater--
+			n.side[i].confirm++
+			out = append(out, step{next: n})
+		}
+		if r.controlOwed(x.confirm > 0, x.asked, x.want > 0) && r.mayControl() {
+			n := st
+			if n.side[i].confirm > 0 {
+				n.side[i].confirm--
+			}
+			m.send(&n, i, modelMsg{})
+			out = append(out, step{next: n, control: true})
+		}
+		if q := st.q[i]; q.n > 0 { // the peer receives the oldest
+			n := st
+			mm := q.m[0]
+			copy(n.q[i].m[:], q.m[1:q.n])
+			n.q[i].n--
+			n.q[i].m[n.q[i].n] = modelMsg{}
+			y := &n.side[1-i]
+			y.credits += mm.grants
+			y.peerCredits--
+			y.peerAsks = mm.ask
+			y.peerRoom = mm.room - y.sent
+			if mm.data {
+				y.received++
+				y.held++
+			} else {
+				y.toGrantControl++ // reposted at once
+			}
+			out = append(out, step{next: n, control: true})
+		}
+	}
+	return out
+}
+
+// stuck says st is a deadlock: nothing but releases can happen, yet a
+// side has data the peer has room for, or a confirmation to send.
+func (m creditModel) stuck(st modelState, steps []step) bool {
+	for _, s := range steps {
+		if !s.release {
+			return false
+		}
+	}
+	for i := range 2 {
+		peerFree := m.depth - int(st.side[1-i].held)
+		if st.side[i].want > 0 && peerFree > dataReserve || st.side[i].confirm > 0 && peerFree > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// explore visits every state reachable from the starts and reports the
+// first deadlock, then any cycle of control steps alone.
+func (m creditModel) explore(starts []modelState) (states int, err error) {
+	const (
+		seen = iota + 1
+		onPath
+		done
+	)
+	mark := make(map[modelState]uint8)
+	stack := append([]modelState(nil), starts...)
+	for _, s := range starts {
+		mark[s] = seen
+	}
+	var buf []step
+	for len(stack) > 0 {
+		st := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		buf = m.steps(st, buf[:0])
+		if m.stuck(st, buf) {
+			return len(mark), fmt.Errorf("deadlock: %+v", st)
+		}
+		for _, s := range buf {
+			if mark[s.next] == 0 {
+				mark[s.next] = seen
+				stack = append(stack, s.next)
+			}
+		}
+	}
+	// Cycles among control steps: a depth-first search of that subgraph
+	// that finds a state still on its own path.
+	type frame struct {
+		st    modelState
+		steps []step
+	}
+	for root := range mark {
+		if mark[root] != seen {
+			continue
+		}
+		mark[root] = onPath
+		path := []frame{{root, m.steps(root, nil)}}
+		for len(path) > 0 {
+			top := &path[len(path)-1]
+			if len(top.steps) == 0 {
+				mark[top.st] = done
+				path = path[:len(path)-1]
+				continue
+			}
+			s := top.steps[0]
+			top.steps = top.steps[1:]
+			if !s.control {
+				continue
+			}
+			switch mark[s.next] {
+			case onPath:
+				return len(mark), fmt.Errorf("control messages alone cycle through %+v", s.next)
+			case seen:
+				mark[s.next] = onPath
+				path = append(path, frame{s.next, m.steps(s.next, nil)})
+			}
+		}
+	}
+	return len(mark), nil
+}
+
+// starts are the model's first states: both sides with every credit, and
+// each application with something to send or not, and some releases.
+func (m creditModel) starts() []modelState {
+	var out []modelState
+	d := int8(m.depth)
+	for wantA := int8(0); wantA <= d; wantA++ {
+		for wantB := int8(0); wantB <= d; wantB++ {
+			for confirm := int8(0); confirm <= 1; confirm++ {
+				for relA := int8(0); relA <= 2; relA++ {
+					for relB := int8(0); relB <= 2; relB++ {
+						var st modelState
+						for i, want := range []int8{wantA, wantB} {
+							st.side[i] = modelSide{credits: d, peerCredits: d, peerRoom: d, want: want, confirmLater: confirm}
+						}
+						st.side[0].rel, st.side[1].rel = relA, relB
+						out = append(out, st)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestCreditRulesSettle runs creditState's rules in the model at the
+// smallest receive depth a Conn accepts: no deadlock, no chatter.
+func TestCreditRulesSettle(t *testing.T) {
+	m := creditModel{depth: minRecvDepth}
+	states, err := m.explore(m.starts())
+	require.NoError(t, err)
+	t.Logf("%d states at depth %d", states, m.depth)
+	require.Greater(t, states, 1000)
+}
