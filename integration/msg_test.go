@@ -214,7 +214,15 @@ func TestMsgBothWaysManySenders(t *testing.T) {
 	}
 	require.NoError(t, client.Err())
 	require.NoError(t, server.Err())
-	t.Logf("%d messages each way through 6 credits, %v", senders*each, client.Stats().Endpoint)
+	// Each side counts the asks it sent and those it heard; a credit
+	// message may still be on its way.
+	var cs, ss msg.Stats
+	require.Eventually(t, func() bool {
+		cs, ss = client.Stats(), server.Stats()
+		return cs.CreditAsksSent == ss.CreditAsksReceived && ss.CreditAsksSent == cs.CreditAsksReceived
+	}, 5*time.Second, time.Millisecond, "asks sent are asks received")
+	t.Logf("%d messages each way through 6 credits; asks %d and %d; %v", senders*each,
+		cs.CreditAsksSent, ss.CreditAsksSent, cs.Endpoint)
 }
 
 // TestMsgSendsAreMostlyUnsignaled: a ping-pong of many more messages than
@@ -515,6 +523,8 @@ func TestCreditsSettleWhileBothHold(t *testing.T) {
 			held = append(held, m)
 		}
 	}
+	asks := func() uint64 { return a.Stats().CreditAsksSent + b.Stats().CreditAsksSent }
+	asksWhileFilling := asks()
 	held[0].Release() // one of a's messages, which b holds
 	held = held[1:]
 	credits := func() uint64 { return a.Stats().CreditMessagesSent + b.Stats().CreditMessagesSent }
@@ -523,6 +533,9 @@ func TestCreditsSettleWhileBothHold(t *testing.T) {
 	time.Sleep(time.Second)
 	require.Equal(t, before, credits(), "credit messages a second after the release, both applications holding")
 	t.Logf("%d credit messages in all", before)
+	// A side asks only while the peer's receives have room for its data:
+	// none after each filled the other's.
+	require.Equal(t, asksWhileFilling, asks(), "asks once the peer holds all")
 
 	for _, m := range held {
 		m.Release()

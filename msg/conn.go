@@ -1098,7 +1098,7 @@ func (c *Conn) takeCreditLocked(h *Header) {
 // stampLocked puts the credits owed to the peer in h, which holds a credit
 // already taken, and counts it sent; c.mu is held.
 func (c *Conn) stampLocked(h *Header) {
-	c.countSent(h, 1)
+	c.countSent(h, 1) // first: the peer's room for data counts h
 	h.Credits = uint32(c.toGrant)
 	h.Released = c.dataReleased
 	c.granted += c.toGrant
@@ -1106,6 +1106,7 @@ func (c *Conn) stampLocked(h *Header) {
 	c.askedForCredit = c.creditStateLocked(c.eofWaitingLocked()).wantsCredit()
 	if c.askedForCredit {
 		h.Flags |= FlagWantsCredit
+		c.stats.CreditAsksSent++ // countSent undoes it with the rest
 	}
 	c.lastSend = time.Now()
 }
@@ -1119,6 +1120,9 @@ func (c *Conn) countSent(h *Header, n uint64) {
 	}
 	if h.Type.isData() {
 		c.dataSent += uint32(n)
+	}
+	if h.Flags&FlagWantsCredit != 0 {
+		c.stats.CreditAsksSent += n
 	}
 }
 

@@ -181,6 +181,9 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	}
 	c.peerReleased = h.Released
 	c.peerWantsCredit = h.Flags&FlagWantsCredit != 0
+	if c.peerWantsCredit {
+		c.stats.CreditAsksReceived++
+	}
 	if c.creditStateLocked(c.eofWaitingLocked()).due() { // the peer may be starving
 		c.wakeControl()
 	}

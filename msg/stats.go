@@ -19,6 +19,13 @@ type Stats struct {
 	// waited for the peer to grant one: the peer read slowly, or the
 	// receive depth is too small for the traffic.
 	CreditWaits uint64
+	// Messages that asked for credits (sent) and that the peer sent
+	// asking (received): their sender's data waited for credits the
+	// other side had to grant. A side asks only while the other's
+	// receives have room for its data, so credit waits without asks mean
+	// the peer's application holds the messages it received: it reads
+	// slowly, or keeps them without releasing them.
+	CreditAsksSent, CreditAsksReceived uint64
 	// Messages larger than the inline size go by rendezvous: the receiver
 	// reads them from the sender's memory with RDMA READ.
 	RendezvousSent, RendezvousReceived           uint64

@@ -62,6 +62,7 @@ func TestMetricsCountTheCalls(t *testing.T) {
 	require.Contains(t, text, "\nrdmacm_rpc_call_errors_total 1\n")
 	require.Contains(t, text, "\nrdmacm_rpc_connections 1\n")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_send_doorbells gauge")
+	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_credit_asks_received gauge")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_cq_events gauge")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_keepalive_rtt_max_seconds gauge")
 

@@ -33,6 +33,7 @@ var (
 		desc("conn_messages_sent", "Messages sent, summed over the open connections."),
 		desc("conn_messages_received", "Messages received, summed over the open connections."),
 		desc("conn_credit_waits", "Sends that waited for a credit, summed over the open connections."),
+		desc("conn_credit_asks_received", "Messages in which the client asked for credits (its data waited for credits the server had yet to grant), summed over the open connections."),
 		desc("conn_rendezvous_bytes_received", "Bytes received by rendezvous (RDMA READ), summed over the open connections."),
 		desc("conn_send_requests", "Work requests posted to the send queues of the open connections."),
 		desc("conn_send_doorbells", "Calls that posted them (one doorbell each)."),
@@ -55,11 +56,11 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.CallsInFlight))
 	ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(len(st.Conns)))
 	// Sums over the connections open now fall when one closes: gauges.
-	var sums [9]uint64
+	var sums [10]uint64
 	var rtt time.Duration
 	for _, s := range st.Conns {
 		rtt = max(rtt, s.KeepaliveRTT)
-		for i, v := range [9]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.RendezvousBytesReceived,
+		for i, v := range [10]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.CreditAsksReceived, s.RendezvousBytesReceived,
 			s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed, s.Endpoint.CQEvents} {
 			sums[i] += v
 		}
