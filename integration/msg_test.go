@@ -508,21 +508,8 @@ func TestCreditsSettleWhileBothHold(t *testing.T) {
 			m.Release()
 		}
 	}()
-	for _, pair := range [][2]*msg.Conn{{a, b}, {b, a}} {
-		for i := 0; ; i++ { // until the receiver holds all that data may take
-			short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			err := pair[0].Send(short, []byte{byte(i)})
-			cancel()
-			if errors.Is(err, context.DeadlineExceeded) {
-				require.Positive(t, i)
-				break
-			}
-			require.NoError(t, err)
-			m, err := pair[1].RecvMessage(ctx)
-			require.NoError(t, err)
-			held = append(held, m)
-		}
-	}
+	held = append(held, fillUntilHeld(t, ctx, a, b)...)
+	held = append(held, fillUntilHeld(t, ctx, b, a)...)
 	asks := func() uint64 { return a.Stats().CreditAsksSent + b.Stats().CreditAsksSent }
 	asksWhileFilling := asks()
 	held[0].Release() // one of a's messages, which b holds
@@ -546,6 +533,52 @@ func TestCreditsSettleWhileBothHold(t *testing.T) {
 		got, err := pair[1].Recv(ctx)
 		require.NoError(t, err)
 		require.Equal(t, "again", string(got))
+	}
+}
+
+// fillUntilHeld sends one-byte messages 0, 1, ... from one side, which
+// the other takes with RecvMessage and holds, until a send cannot get a
+// credit within 300 ms: the receiver then holds all that data may take.
+// It returns the held messages, which the caller releases.
+func fillUntilHeld(t *testing.T, ctx context.Context, from, to *msg.Conn) []*msg.Message {
+	t.Helper()
+	var held []*msg.Message
+	for i := 0; ; i++ {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := from.Send(short, []byte{byte(i)})
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			require.Positive(t, i)
+			return held
+		}
+		require.NoError(t, err)
+		m, err := to.RecvMessage(ctx)
+		require.NoError(t, err)
+		held = append(held, m)
+	}
+}
+
+// TestGoodbyeReachesAPeerThatHoldsAll: a peer whose application holds
+// every message of data it may (it took them with RecvMessage and
+// releases none) still gets the goodbye, which goes on a credit data
+// never takes: it reads io.EOF, not a crash's error, and Err says
+// ErrPeerClosed.
+func TestGoodbyeReachesAPeerThatHoldsAll(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	a, b, _ := msgPair(t, ctx, msg.WithRecvDepth(6), msg.WithKeepalive(0, 0))
+	held := fillUntilHeld(t, ctx, a, b)
+	defer func() {
+		for _, m := range held {
+			m.Release()
+		}
+	}()
+	require.NoError(t, a.Close())
+	_, err := b.RecvMessage(ctx)
+	require.ErrorIs(t, err, io.EOF, "the goodbye came")
+	require.ErrorIs(t, b.Err(), msg.ErrPeerClosed)
+	for i, m := range held {
+		require.Equal(t, []byte{byte(i)}, m.Payload, "message %d", i)
 	}
 }
 

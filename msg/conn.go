@@ -604,10 +604,13 @@ func (c *Conn) fail(err error) {
 // Close ends the connection: pending Sends and Recvs return ErrClosed, and
 // everything is freed once messages already handed out are released. It
 // first says goodbye and lets the messages sent so far leave, so that the
-// peer reads them all and then io.EOF; that takes a credit, and Close waits
-// at most a second for one: if the peer holds every message it was sent
-// that long, it sees an error instead. Idempotent: every call returns the
-// first one's result.
+// peer reads them all and then io.EOF. The goodbye goes on a credit that
+// messages of data never take (dataReserve), so a peer whose application
+// holds every message it was sent still gets it. Bytes the stream holds
+// back (rdmanet's writes) go before it and need a credit of data: Close
+// waits at most a second for one, and if the peer holds every message that
+// long, it sees an error instead. Idempotent: every call returns the first
+// one's result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
@@ -647,8 +650,9 @@ func (c *Conn) Close() error {
 
 // sayGoodbye sends the TypeClose message and waits for every message posted
 // so far to leave, all within goodbyeTimeout: without a credit and a buffer
-// by then (the peer holds every message it was sent), it gives up. Sends
-// that start afterwards fail with ErrClosed.
+// by then (held stream bytes wait for a credit of data, and the peer holds
+// every message it was sent), it gives up. Sends that start afterwards fail
+// with ErrClosed.
 func (c *Conn) sayGoodbye() {
 	ctx, cancel := context.WithTimeout(context.Background(), goodbyeTimeout)
 	defer cancel()
