@@ -167,6 +167,39 @@ func TestRdmanetCloseWrite(t *testing.T) {
 	require.GreaterOrEqual(t, st.Endpoint.SendRequests, st.MessagesSent)
 }
 
+// TestRdmanetCloseThatLosesBytesIsNoEOF: a writer whose peer reads
+// nothing fills the peer's receives, then its stream holds the bytes of
+// later writes for a credit that never comes. Close gives up on them
+// within its second and disconnects without a goodbye. The peer, reading
+// only then, gets the bytes that arrived, in order, and then an error,
+// not io.EOF: only an orderly end, with nothing lost, reads as one.
+func TestRdmanetCloseThatLosesBytesIsNoEOF(t *testing.T) {
+	rxetest.CheckResources(t)
+	w, r, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	body := make([]byte, 4<<20) // more than the peer's 32 receives of 64 KiB take
+	pattern(body, 5)
+	require.NoError(t, w.SetWriteDeadline(time.Now().Add(2*time.Second)))
+	written := 0
+	for written < len(body) {
+		n, err := w.Write(body[written:min(written+16<<10, len(body))])
+		written += n
+		if err != nil {
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			break
+		}
+	}
+	require.Less(t, written, len(body), "the writes filled the peer and then waited")
+	require.NoError(t, w.Close())
+	got, err := io.ReadAll(r)
+	require.Error(t, err, "a close that lost bytes read as io.EOF")
+	require.Less(t, len(got), written, "bytes the stream held are lost")
+	require.Positive(t, len(got))
+	require.True(t, bytes.Equal(body[:len(got)], got), "the bytes that arrived, in order")
+	t.Logf("%d bytes written, %d read, then %v", written, len(got), err)
+}
+
 // TestRdmanetSmallWritesCombine: while the reader reads nothing, small
 // Writes go one message each until half the peer's receives are taken, and
 // then into one held message, so that every one of them returns without
