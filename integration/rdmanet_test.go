@@ -194,10 +194,39 @@ func TestRdmanetCloseThatLosesBytesIsNoEOF(t *testing.T) {
 	require.NoError(t, w.Close())
 	got, err := io.ReadAll(r)
 	require.Error(t, err, "a close that lost bytes read as io.EOF")
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
 	require.Less(t, len(got), written, "bytes the stream held are lost")
 	require.Positive(t, len(got))
 	require.True(t, bytes.Equal(body[:len(got)], got), "the bytes that arrived, in order")
 	t.Logf("%d bytes written, %d read, then %v", written, len(got), err)
+}
+
+// TestRdmanetWriteAfterPeerClose: once the peer has closed in order, this
+// side reads io.EOF, and its writes fail as a TCP conn's do then, with
+// syscall.EPIPE and msg.ErrPeerClosed, not with net.ErrClosed, which only
+// its own Close gives: after it, a write matches net.ErrClosed.
+func TestRdmanetWriteAfterPeerClose(t *testing.T) {
+	rxetest.CheckResources(t)
+	w, r, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	require.NoError(t, r.Close())
+	_, err = w.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, w.SetWriteDeadline(time.Now().Add(10*time.Second)))
+	for err == io.EOF || err == nil { // writes posted before the disconnect may still succeed
+		_, err = w.Write([]byte("after"))
+	}
+	require.ErrorIs(t, err, syscall.EPIPE)
+	require.ErrorIs(t, err, msg.ErrPeerClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
+	var opErr *net.OpError
+	require.ErrorAs(t, err, &opErr)
+	require.False(t, opErr.Timeout())
+	require.NoError(t, w.Close())
+	_, err = w.Write([]byte("closed"))
+	require.ErrorIs(t, err, net.ErrClosed)
 }
 
 // TestRdmanetSmallWritesCombine: while the reader reads nothing, small
@@ -474,6 +503,8 @@ func TestRdmanetPeerKilledMidStream(t *testing.T) {
 	select {
 	case err := <-ended:
 		require.NotErrorIs(t, err, io.EOF, "a killed peer said no goodbye")
+		require.ErrorIs(t, err, syscall.ECONNRESET, "a crash reads as TCP's reset")
+		require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
 		t.Logf("Read failed %v after the kill: %v", time.Since(killed), err)
 	case <-time.After(crashBound):
 		t.Fatalf("Read did not fail within %v of the kill", crashBound)

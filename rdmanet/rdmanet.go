@@ -7,7 +7,10 @@
 // combined while it does not (see Write); flow control is msg's credits (a
 // slow reader never causes a receiver-not-ready); and Close says goodbye,
 // so the peer's Read returns io.EOF after the last byte (CloseWrite does
-// the same for one direction). A peer that crashed gives an error instead.
+// the same for one direction). A peer that crashed gives an error instead:
+// as on a TCP conn, it matches syscall.ECONNRESET (syscall.EPIPE for a
+// write after the peer's Close), and not net.ErrClosed, which only this
+// side's Close gives.
 //
 // Deadlines follow net.Conn: a passed deadline fails pending and future
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
@@ -24,6 +27,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-rdma/rdmacm/internal/seam"
@@ -379,13 +383,54 @@ func (c *Conn) begin(d *deadline, op string) (context.Context, error) {
 // opError wraps err, the error of a call that waited on ctx, in a
 // *net.OpError. ctx is a deadline's, which ends only when the deadline
 // passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
-// the connection gives an error matching net.ErrClosed.
+// the connection gives an error matching net.ErrClosed when this side
+// closed it, and a peerEndedError otherwise.
 func (c *Conn) opError(op string, err error, ctx context.Context) error {
-	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	switch {
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		err = os.ErrDeadlineExceeded
+	case errors.Is(err, net.ErrClosed) && !c.shut.Load():
+		err = newPeerEndedError(err)
 	}
 	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
+
+// peerEndedError is a call's error on a Conn that the peer or the link
+// ended while this side had not closed it. It matches the errno a TCP
+// conn gives then (syscall.EPIPE after the peer's orderly Close,
+// syscall.ECONNRESET otherwise) and what its cause says why with
+// (msg.ErrPeerClosed, msg.ErrPeerSilent, cm.ErrPeerDisconnected, a
+// *endpoint.CompletionError), but not net.ErrClosed nor msg.ErrClosed:
+// net keeps those for a conn this side closed, and code that ignores
+// them after its own Close would take a crash for one.
+type peerEndedError struct {
+	errno syscall.Errno
+	cause error
+}
+
+func newPeerEndedError(cause error) *peerEndedError {
+	if errors.Is(cause, msg.ErrPeerClosed) {
+		return &peerEndedError{errno: syscall.EPIPE, cause: cause}
+	}
+	return &peerEndedError{errno: syscall.ECONNRESET, cause: cause}
+}
+
+func (e *peerEndedError) Error() string { return e.errno.Error() + ": " + e.cause.Error() }
+
+// Is matches the errno, and what the cause matches but the errors of a
+// local close.
+func (e *peerEndedError) Is(target error) bool {
+	switch target {
+	case e.errno:
+		return true
+	case net.ErrClosed, msg.ErrClosed:
+		return false
+	}
+	return errors.Is(e.cause, target)
+}
+
+// As finds target's type in the cause.
+func (e *peerEndedError) As(target any) bool { return errors.As(e.cause, target) }
 
 // Listener accepts rdmanet connections. It implements net.Listener.
 type Listener struct {

@@ -1,0 +1,41 @@
+package rdmanet
+
+import (
+	"fmt"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// TestPeerEndedErrorKeepsNetsMeaning: the error of a connection the peer
+// ended matches TCP's errno and its cause's errors, never the errors of a
+// local close, which its cause matches too.
+func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
+	crash := fmt.Errorf("msg: receive: %w", &endpoint.CompletionError{Op: endpoint.OpRecv, Status: endpoint.StatusFlushed})
+	for _, tc := range []struct {
+		cause error
+		errno syscall.Errno
+	}{
+		{cm.ErrPeerDisconnected, syscall.ECONNRESET},
+		{msg.ErrPeerSilent, syscall.ECONNRESET},
+		{crash, syscall.ECONNRESET},
+		{msg.ErrPeerClosed, syscall.EPIPE},
+	} {
+		err := error(&net.OpError{Op: "read", Net: "rdma", Err: newPeerEndedError(tc.cause)})
+		require.ErrorIs(t, err, tc.errno, "%v", tc.cause)
+		require.ErrorIs(t, err, tc.cause)
+		require.NotErrorIs(t, err, net.ErrClosed, "%v", tc.cause)
+		require.NotErrorIs(t, err, msg.ErrClosed, "%v", tc.cause)
+		require.Contains(t, err.Error(), tc.errno.Error())
+		require.False(t, err.(net.Error).Timeout())
+	}
+	var ce *endpoint.CompletionError
+	require.ErrorAs(t, newPeerEndedError(crash), &ce)
+	require.Equal(t, endpoint.StatusFlushed, ce.Status)
+}
