@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/net/nettest"
 
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 	"github.com/go-rdma/rdmacm/rdmanet"
@@ -195,6 +196,7 @@ func TestRdmanetCloseThatLosesBytesIsNoEOF(t *testing.T) {
 	got, err := io.ReadAll(r)
 	require.Error(t, err, "a close that lost bytes read as io.EOF")
 	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.ErrorIs(t, err, cm.ErrPeerDisconnected, "on every device, whether its flush or the CM's event came first")
 	require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
 	require.Less(t, len(got), written, "bytes the stream held are lost")
 	require.Positive(t, len(got))
@@ -504,6 +506,7 @@ func TestRdmanetPeerKilledMidStream(t *testing.T) {
 	case err := <-ended:
 		require.NotErrorIs(t, err, io.EOF, "a killed peer said no goodbye")
 		require.ErrorIs(t, err, syscall.ECONNRESET, "a crash reads as TCP's reset")
+		require.ErrorIs(t, err, cm.ErrPeerDisconnected, "on every device, whether its flush or the CM's event came first")
 		require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
 		t.Logf("Read failed %v after the kill: %v", time.Since(killed), err)
 	case <-time.After(crashBound):

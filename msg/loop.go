@@ -38,7 +38,10 @@ func (c *Conn) handle(comp endpoint.Completion) {
 			// goodbye, a crash) is the receive side's to say, after
 			// every message that arrived before; the send and receive
 			// queues' completions are not ordered with each other.
-			// Closing the endpoint flushes the receives that say it.
+			// Closing the endpoint flushes the receives that say it,
+			// once the endpoint has had its chance to learn why: its
+			// own Close would give it a reason of its own.
+			c.awaitEndCause()
 			c.mu.Lock()
 			c.closeEndpointLocked()
 			c.mu.Unlock()
@@ -143,9 +146,38 @@ func (c *Conn) endReceivesIfAllIn() {
 	}
 }
 
+// causeGrace bounds how long a flush that ends the connection waits for
+// the endpoint to learn why. When the peer leaves, the device flushes the
+// queues and the CM reports the disconnect, in either order: siw often
+// flushes first, rxe reports first. Without the wait the same crash
+// would end a connection with a different error on each device.
+const causeGrace = 100 * time.Millisecond
+
+// awaitEndCause waits, up to causeGrace, for the endpoint to learn why the
+// connection ended, unless this side knows already (an error of its own,
+// its Close, the peer's goodbye); handle's own.
+func (c *Conn) awaitEndCause() {
+	c.mu.Lock()
+	known := c.err != nil || c.peerClosed
+	c.mu.Unlock()
+	if known {
+		return
+	}
+	wait := time.NewTimer(causeGrace)
+	defer wait.Stop()
+	select {
+	case <-c.ep.Done():
+	case <-wait.C:
+	}
+}
+
 // endError is why the connection ended when work was flushed: the
-// endpoint's reason (the peer disconnected, ...) if it has one.
+// endpoint's reason (the peer disconnected, ...) if it has one, or gets
+// one within causeGrace.
 func (c *Conn) endError(err error) error {
+	if errors.Is(err, endpoint.ErrClosed) {
+		c.awaitEndCause()
+	}
 	c.mu.Lock()
 	peerClosed := c.peerClosed
 	c.mu.Unlock()

@@ -33,6 +33,7 @@ func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
 		require.NotErrorIs(t, err, net.ErrClosed, "%v", tc.cause)
 		require.NotErrorIs(t, err, msg.ErrClosed, "%v", tc.cause)
 		require.Contains(t, err.Error(), tc.errno.Error())
+		require.NotContains(t, err.Error(), net.ErrClosed.Error(), "the text says no local close either")
 		require.False(t, err.(net.Error).Timeout())
 	}
 	var ce *endpoint.CompletionError

@@ -25,6 +25,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -415,7 +416,12 @@ func newPeerEndedError(cause error) *peerEndedError {
 	return &peerEndedError{errno: syscall.ECONNRESET, cause: cause}
 }
 
-func (e *peerEndedError) Error() string { return e.errno.Error() + ": " + e.cause.Error() }
+// Error is the errno's text, then the cause's without the local close it
+// wraps ("use of closed network connection"), which this error does not
+// stand for.
+func (e *peerEndedError) Error() string {
+	return e.errno.Error() + ": " + strings.TrimSuffix(e.cause.Error(), ": "+msg.ErrClosed.Error())
+}
 
 // Is matches the errno, and what the cause matches but the errors of a
 // local close.
