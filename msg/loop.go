@@ -155,7 +155,7 @@ const causeGrace = 100 * time.Millisecond
 
 // awaitEndCause waits, up to causeGrace, for the endpoint to learn why the
 // connection ended, unless this side knows already (an error of its own,
-// its Close, the peer's goodbye); handle's own.
+// its Close, the peer's goodbye).
 func (c *Conn) awaitEndCause() {
 	c.mu.Lock()
 	known := c.err != nil || c.peerClosed

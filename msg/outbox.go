@@ -110,7 +110,8 @@ func (c *Conn) signalEvery() int { return max(1, c.o.recvDepth/4) }
 // postBatch posts batch with one PostBatch. It returns the index of the
 // first message the endpoint refused (len(batch) if none) and why; every
 // refused message is undone. A refusal other than the endpoint's end ends
-// the connection: senders were told those messages were sent.
+// the connection (senders were told those messages were sent), and why it
+// ended is then the error.
 func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	reqs := c.out.reqs[:0]
 	unsignaled := c.out.unsignaled
@@ -158,7 +159,22 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	c.signal()
 	c.mu.Unlock()
 	if !errors.Is(err, endpoint.ErrClosed) {
-		c.fail(fmt.Errorf("msg: posting %d messages: %w", len(batch)-refused, err))
+		c.fail(c.refusalError(len(batch)-refused, err))
+		err = c.Err()
 	}
 	return refused, err
+}
+
+// refusalError is why a post the device refused ends the connection: the
+// endpoint's reason if it has one or gets one within causeGrace, else the
+// refusal. A device may refuse posts as the connection ends under them:
+// siw refuses a doorbell with ENOTCONN while the peer's close moves its
+// queue pair to the error state, and the sender must then learn of the
+// peer's leaving, as it would from the flush.
+func (c *Conn) refusalError(n int, err error) error {
+	c.awaitEndCause()
+	if epErr := c.ep.Err(); epErr != nil {
+		return epErr
+	}
+	return fmt.Errorf("msg: posting %d messages: %w", n, err)
 }
