@@ -82,13 +82,24 @@ func (e *CompletionError) Unwrap() error {
 // posted first, then its sends. The requests of the refused one's kind
 // before it were posted and will complete; it and the later ones of its
 // kind were not, and when it is a receive, no send of the batch was posted.
+//
+// Index is the batch's length when the device refused none: it queued
+// every request but would not start them. Soft-iWARP refuses so while a
+// connection's end moves its queue pair out of the state that sends (and
+// Soft-RoCE for a queue pair not yet able to send); each request then
+// completes, as a flush or at Close.
 type PostError struct {
 	Index int   // the refused request's index in the slice given to PostBatch
 	Err   error // the device's error (an errno)
+
+	queued bool // every request was queued (Index is the batch's length)
 }
 
 // Error names the refused request.
 func (e *PostError) Error() string {
+	if e.queued {
+		return fmt.Sprintf("endpoint: the device queued all %d work requests but refused to start them: %v", e.Index, e.Err)
+	}
 	return fmt.Sprintf("endpoint: the device refused work request %d: %v", e.Index, e.Err)
 }
 

@@ -213,7 +213,7 @@ func (ep *Endpoint) postLocked(reqs []Request) error {
 		ep.countPosted(sendIdx[:pe.Index], nrecv)
 		ep.unpost(sendIdx, pe.Index, false)
 	}
-	return &PostError{Index: nthOfKind(reqs, kind, pe.Index), Err: pe.Err}
+	return &PostError{Index: nthOfKind(reqs, kind, pe.Index), Err: pe.Err, queued: pe.Queued}
 }
 
 // nthOfKind is the index in reqs of the n-th receive (kind OpRecv) or the

@@ -159,7 +159,7 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	c.signal()
 	c.mu.Unlock()
 	if !errors.Is(err, endpoint.ErrClosed) {
-		c.fail(c.refusalError(len(batch)-refused, err))
+		c.fail(c.refusalError(len(batch), err))
 		err = c.Err()
 	}
 	return refused, err

@@ -49,11 +49,16 @@ var ErrBatchFull = errors.New("verbs: work request batch is full")
 
 // PostError says which work request of a batch the device refused; those
 // before it were posted and will complete, it and those after were not.
-// When Recv is true the receives failed and no send was posted.
+// When Recv is true the receives failed and no send was posted. When
+// Queued is true no request was refused: every one was queued (Index is
+// the batch's length), but the device refused to start them (a software
+// device's doorbell, refused while the queue pair cannot send): the device
+// holds them, to flush when the queue pair fails.
 type PostError struct {
-	Recv  bool
-	Index int
-	Err   error
+	Recv   bool
+	Index  int
+	Queued bool
+	Err    error
 }
 
 // Error names the refused request.
@@ -61,6 +66,9 @@ func (e *PostError) Error() string {
 	kind := "send"
 	if e.Recv {
 		kind = "receive"
+	}
+	if e.Queued {
+		return fmt.Sprintf("%s work requests 0-%d queued, but the device refused to start them: %v", kind, e.Index-1, e.Err)
 	}
 	return fmt.Sprintf("%s work request %d: %v", kind, e.Index, e.Err)
 }
@@ -219,7 +227,7 @@ func Post(id *CMID, srq *SRQ, recv *RecvBatch, send *SendBatch) error {
 	if sb == nil || rb != nil && rb.bad >= 0 {
 		return &PostError{Recv: true, Index: int(rb.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
-	return &PostError{Index: int(sb.bad), Err: retErrno("ibv_post_send", ret)}
+	return &PostError{Index: int(sb.bad), Queued: int(sb.bad) == int(sb.n), Err: retErrno("ibv_post_send", ret)}
 }
 
 // cptr passes a pointer to C memory as an integer (see shim.h: it spares

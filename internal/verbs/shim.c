@@ -81,9 +81,23 @@ static int post_sends(struct ibv_qp *qp, struct go_batch *b)
 			w->wr.ud.remote_qkey = g->remote_qkey;
 		}
 	}
+	errno = 0;
 	int ret = ibv_post_send(qp, scratch, &bad_wr);
-	if (ret)
-		b->bad = bad_wr ? (int)(bad_wr - scratch) : 0;
+	/* siw's provider returns its doorbell's write(2): -1, errno set. */
+	if (ret == -1 && errno)
+		ret = errno;
+	if (ret) {
+		/* rxe's and siw's providers write every request into a queue the
+		 * device maps, then ring the kernel's doorbell; a refused doorbell
+		 * fails the call with bad_wr NULL, every request queued. Other
+		 * providers name the request on every failure. */
+		b->bad = bad_wr ? (int)(bad_wr - scratch) : b->n;
+	} else if (bad_wr) {
+		/* siw's provider returns its doorbell's success over a request it
+		 * refused behind ones it queued. */
+		b->bad = (int)(bad_wr - scratch);
+		ret = EINVAL;
+	}
 	return ret;
 }
 

@@ -57,7 +57,8 @@ struct go_recv_wr {
 // A batch of work requests in C memory: wrs (struct go_send_wr or
 // go_recv_wr), their scatter/gather entries, and scratch room to link them
 // as ibv_send_wr or ibv_recv_wr. After a failed post, bad is the index of
-// the first request not posted (-1 in a batch that did not fail).
+// the first request not posted, n when a send batch was queued whole but
+// the device refused to start it (-1 in a batch that did not fail).
 struct go_batch {
 	void *wrs;
 	struct ibv_sge *sge;
