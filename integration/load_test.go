@@ -8,6 +8,8 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -147,6 +149,11 @@ func TestConnectCloseCycles(t *testing.T) {
 		// On iWARP, cm.Dial itself dials again when rdma_cm picked a
 		// local port that still has a TCP connection to this listener.
 		ep, err := cm.Dial(ctx, l.Addr().String())
+		if err != nil {
+			// A rare dial on siw0 has been reset before the MPA reply;
+			// the sockets then may tell why.
+			t.Logf("TCP sockets on the listener's port as the dial failed:\n%s", tcpSocketsOnPort(t, l.Addr()))
+		}
 		require.NoError(t, err)
 		require.NoError(t, ep.CloseAndDrain(nil))
 		require.NoError(t, <-got)
@@ -177,4 +184,27 @@ func TestConnectCloseCycles(t *testing.T) {
 	require.Equal(t, f0, f1, "file descriptors grew")
 	require.Equal(t, r0, r1, "verbs resources grew")
 	require.Less(t, int64(h1)-int64(h0), int64(2<<20), "heap grew by more than 2 MiB over 1000 cycles")
+}
+
+// tcpSocketsOnPort is /proc/net/tcp's header and its lines for sockets whose
+// local or remote port is addr's (iWARP's connections are TCP connections).
+func tcpSocketsOnPort(t *testing.T, addr net.Addr) string {
+	_, port, err := net.SplitHostPort(addr.String())
+	require.NoError(t, err)
+	n, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(table)), "\n")
+	suffix := fmt.Sprintf(":%04X", n)
+	kept := lines[:1]
+	for _, line := range lines[1:] {
+		fields := strings.Fields(line)
+		if len(fields) > 2 && (strings.HasSuffix(fields[1], suffix) || strings.HasSuffix(fields[2], suffix)) {
+			kept = append(kept, line)
+		}
+	}
+	return strings.Join(kept, "\n")
 }
