@@ -72,7 +72,7 @@ func (c *Conn) handle(comp endpoint.Completion) {
 		c.mu.Unlock()
 		if comp.Err != nil {
 			rr.region.Close()
-			c.fail(fmt.Errorf("msg: reading a %d-byte rendezvous: %w", rr.info.Length, comp.Err))
+			c.fail(c.rendezvousError(rr.info.Length, comp.Err))
 			c.rvReads--
 			c.endReceivesIfAllIn()
 			return
@@ -302,9 +302,28 @@ func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error 
 	}
 	if err != nil {
 		region.Close()
-		return fmt.Errorf("msg: reading a rendezvous: %w", err)
+		return c.rendezvousError(info.Length, err)
 	}
 	return nil
+}
+
+// rendezvousError is why a rendezvous read failed. When the connection
+// ended under it (the device flushed the read, or refused it as the queue
+// pair left the state that sends) the endpoint's reason says why, once it
+// has one or gets one within causeGrace, as for a flushed receive. After
+// the peer's goodbye the read's own failure stays: the peer left with a
+// message announced and not yet read.
+func (c *Conn) rendezvousError(length uint32, err error) error {
+	if _, refused := errors.AsType[*endpoint.PostError](err); refused || errors.Is(err, endpoint.ErrClosed) {
+		c.awaitEndCause()
+		c.mu.Lock()
+		peerClosed := c.peerClosed
+		c.mu.Unlock()
+		if epErr := c.ep.Err(); epErr != nil && !peerClosed {
+			err = epErr
+		}
+	}
+	return fmt.Errorf("msg: reading a %d-byte rendezvous: %w", length, err)
 }
 
 // controlLoop sends what the protocol itself owes the peer: rendezvous
