@@ -131,6 +131,9 @@ func (ep *Endpoint) markClosing() {
 	ep.wakeWaiters()
 	ep.mu.Lock()
 	ep.closing = true
+	if ep.failing != nil {
+		ep.failing.Stop() // Close's own end comes first
+	}
 	ep.mu.Unlock()
 }
 
@@ -333,11 +336,20 @@ func (ep *Endpoint) signalProgress() {
 // sets closing under it before it disconnects.
 func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr, closing: ep.closing}
-	if err.Status != StatusFlushed && !err.closing {
-		ep.setDone(err)
+	if err.Status != StatusFlushed && !err.closing && ep.failing == nil {
+		ep.failing = time.AfterFunc(failureGrace, func() { ep.setDone(err) })
 	}
 	return err
 }
+
+// failureGrace is how long a failed work request waits before it becomes
+// the connection's end (Done, Err), for the CM to say why first. When the
+// peer leaves, the device's failure and the CM's event race: siw fails the
+// request it is sending with a local QP error when the peer's close breaks
+// its TCP connection, and reports the disconnect a moment later. A failure
+// the CM never explains (a bad key, retries exhausted) ends the connection
+// when the grace is over.
+const failureGrace = 100 * time.Millisecond
 
 // teardown destroys the verbs objects in order (QP, CQ, channel), then
 // completes whatever the device never handed back with ErrClosed: once the

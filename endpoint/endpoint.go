@@ -144,6 +144,7 @@ type Endpoint struct {
 	doneOnce sync.Once
 	done     chan struct{}
 	doneErr  atomic.Pointer[error]
+	failing  *time.Timer // a failed request's end, due after failureGrace; under mu
 
 	closeOnce sync.Once
 
@@ -476,7 +477,8 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // after Close, an error matching ErrClosed when the peer left, or the
 // *CompletionError of a work request that failed and took the connection
 // down with it (on RC, a failed work request moves the QP to the error
-// state). Once Done is closed, posts are refused with this error.
+// state; Done then closes within 100 ms, unless the CM says first that
+// the peer left). Once Done is closed, posts are refused with this error.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p

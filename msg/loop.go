@@ -46,12 +46,12 @@ func (c *Conn) handle(comp endpoint.Completion) {
 			c.closeEndpointLocked()
 			c.mu.Unlock()
 		case comp.Err != nil:
-			c.fail(fmt.Errorf("msg: send: %w", comp.Err))
+			c.fail(c.endError("send", comp.Err))
 		}
 	case endpoint.OpRecv:
 		if comp.Err != nil {
 			c.recvPool.Put(comp.Buffer)
-			c.fail(c.endError(comp.Err))
+			c.fail(c.endError("receive", comp.Err))
 			c.recvFlushed = true
 			c.endReceivesIfAllIn()
 			return
@@ -99,7 +99,7 @@ func (c *Conn) ended() {
 		c.recvPool.Put(c.heldEOF.buf)
 		c.heldEOF = nil
 	}
-	c.fail(c.endError(ErrClosed))
+	c.fail(c.endError("receive", ErrClosed))
 	c.endReceives()
 	close(c.handlerDone)
 }
@@ -171,25 +171,29 @@ func (c *Conn) awaitEndCause() {
 	}
 }
 
-// endError is why the connection ended when work was flushed: the
-// endpoint's reason (the peer disconnected, ...) if it has one, or gets
-// one within causeGrace.
-func (c *Conn) endError(err error) error {
-	if errors.Is(err, endpoint.ErrClosed) {
-		c.awaitEndCause()
-	}
+// endError is why the connection ended when one of its work requests
+// failed (what: "send" or "receive"): the peer's goodbye if it came, else
+// the endpoint's reason (the peer disconnected, ...) if it has one or gets
+// one within causeGrace, else the failure itself. A device's failure and
+// the CM's word race when the peer leaves: siw flushes the queues, or
+// fails the send in progress with a local error, before the CM reports.
+func (c *Conn) endError(what string, err error) error {
+	c.awaitEndCause()
 	c.mu.Lock()
 	peerClosed := c.peerClosed
 	c.mu.Unlock()
 	if peerClosed {
 		return ErrPeerClosed
 	}
-	if errors.Is(err, endpoint.ErrClosed) {
-		if epErr := c.ep.Err(); epErr != nil {
-			return epErr
-		}
+	switch epErr := c.ep.Err(); {
+	case epErr == nil:
+	case epErr == err && !errors.Is(err, endpoint.ErrClosed):
+		// The endpoint ended with this very failure, nothing else
+		// first: say where it came from.
+	default:
+		return epErr
 	}
-	return fmt.Errorf("msg: receive: %w", err)
+	return fmt.Errorf("msg: %s: %w", what, err)
 }
 
 // received handles one arrived message in receive buffer b.
