@@ -158,11 +158,18 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	}
 	c.signal()
 	c.mu.Unlock()
-	if !errors.Is(err, endpoint.ErrClosed) {
-		c.fail(c.refusalError(len(batch), err))
-		err = c.Err()
+	if errors.Is(err, endpoint.ErrClosed) {
+		// The endpoint has ended, or msg is closing it after a flush:
+		// the connection's error, else the endpoint's reason, says why.
+		if connErr := c.Err(); connErr != nil {
+			err = connErr
+		} else if epErr := c.ep.Err(); epErr != nil {
+			err = epErr
+		}
+		return refused, err
 	}
-	return refused, err
+	c.fail(c.refusalError(len(batch), err))
+	return refused, c.Err()
 }
 
 // refusalError is why a post the device refused ends the connection: the
