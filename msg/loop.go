@@ -171,6 +171,17 @@ func (c *Conn) awaitEndCause() {
 	}
 }
 
+// endCause waits (awaitEndCause) for the endpoint to learn why the
+// connection ended, and returns the endpoint's reason (nil if it has none)
+// and whether the peer said goodbye.
+func (c *Conn) endCause() (reason error, peerClosed bool) {
+	c.awaitEndCause()
+	c.mu.Lock()
+	peerClosed = c.peerClosed
+	c.mu.Unlock()
+	return c.ep.Err(), peerClosed
+}
+
 // endError is why the connection ended when one of its work requests
 // failed (what: "send" or "receive"): the peer's goodbye if it came, else
 // the endpoint's reason (the peer disconnected, ...) if it has one or gets
@@ -178,20 +189,16 @@ func (c *Conn) awaitEndCause() {
 // the CM's word race when the peer leaves: siw flushes the queues, or
 // fails the send in progress with a local error, before the CM reports.
 func (c *Conn) endError(what string, err error) error {
-	c.awaitEndCause()
-	c.mu.Lock()
-	peerClosed := c.peerClosed
-	c.mu.Unlock()
-	if peerClosed {
+	reason, peerClosed := c.endCause()
+	switch {
+	case peerClosed:
 		return ErrPeerClosed
-	}
-	switch epErr := c.ep.Err(); {
-	case epErr == nil:
-	case epErr == err && !errors.Is(err, endpoint.ErrClosed):
+	case reason == nil:
+	case reason == err && !errors.Is(err, endpoint.ErrClosed):
 		// The endpoint ended with this very failure, nothing else
 		// first: say where it came from.
 	default:
-		return epErr
+		return reason
 	}
 	return fmt.Errorf("msg: %s: %w", what, err)
 }
@@ -319,12 +326,8 @@ func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error 
 // message announced and not yet read.
 func (c *Conn) rendezvousError(length uint32, err error) error {
 	if _, refused := errors.AsType[*endpoint.PostError](err); refused || errors.Is(err, endpoint.ErrClosed) {
-		c.awaitEndCause()
-		c.mu.Lock()
-		peerClosed := c.peerClosed
-		c.mu.Unlock()
-		if epErr := c.ep.Err(); epErr != nil && !peerClosed {
-			err = epErr
+		if reason, peerClosed := c.endCause(); reason != nil && !peerClosed {
+			err = reason
 		}
 	}
 	return fmt.Errorf("msg: reading a %d-byte rendezvous: %w", length, err)

@@ -179,9 +179,8 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 // queue pair to the error state, and the sender must then learn of the
 // peer's leaving, as it would from the flush.
 func (c *Conn) refusalError(n int, err error) error {
-	c.awaitEndCause()
-	if epErr := c.ep.Err(); epErr != nil {
-		return epErr
+	if reason, _ := c.endCause(); reason != nil {
+		return reason
 	}
 	return fmt.Errorf("msg: posting %d messages: %w", n, err)
 }
