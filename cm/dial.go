@@ -34,7 +34,9 @@ import (
 // resolution and the connection handshake. A peer that rejects, or a port
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
 // *RejectError carrying the peer's private data); a peer that gives the
-// handshake up after answering, one matching syscall.ECONNRESET.
+// handshake up after answering, one matching syscall.ECONNRESET. An error
+// after the route was resolved names the local address the connect came
+// from ("cm: dial host:port from ip:port: ..."): its port is rdma_cm's pick.
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
 	host, port, err := net.SplitHostPort(addr)
 	fail := func(err error) (*endpoint.Endpoint, error) {
@@ -54,11 +56,14 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 	defer ai.Free()
 
 	for attempt := 1; ; attempt++ {
-		ep, err := dialOnce(ctx, ai, o)
+		ep, local, err := dialOnce(ctx, ai, o)
 		if err == nil {
 			return ep, nil
 		}
 		if !errors.Is(err, errLocalPortInUse) || attempt == localPortAttempts || ctx.Err() != nil {
+			if local != nil { // the local port is rdma_cm's pick, and may be part of why
+				addr += " from " + local.String()
+			}
 			return fail(err)
 		}
 		o.conn.logger.Debug().Err(err).Int("attempt", attempt).Msg("dial: again from another local port")
@@ -78,15 +83,15 @@ var errLocalPortInUse = errors.New("the local port rdma_cm picked already has a 
 const localPortAttempts = 4
 
 // dialOnce dials from a new id on a queue of its own.
-func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
+func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, net.Addr, error) {
 	q, err := cmevent.NewQueue()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	id, err := q.CreateID(verbs.PortSpaceTCP)
 	if err != nil {
 		q.Close(nil)
-		return nil, err
+		return nil, nil, err
 	}
 	return dialOn(ctx, id, q, ai, o)
 }
@@ -100,11 +105,13 @@ func hint(host string, err error) string {
 }
 
 // dialOn runs resolve addr, resolve route, create QP, connect on id. On
-// failure it frees everything it was given.
-func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, error) {
-	fail := func(err error) (*endpoint.Endpoint, error) {
+// failure it frees everything it was given, and returns with the error
+// the local address the route chose (rdma_cm picked its port), or nil if
+// it failed before setting the connection up.
+func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.AddrInfo, o dialOptions) (*endpoint.Endpoint, net.Addr, error) {
+	fail := func(err error) (*endpoint.Endpoint, net.Addr, error) {
 		q.Close(id.Destroy)
-		return nil, err
+		return nil, nil, err
 	}
 	timeout := cmevent.ResolveTimeout(ctx, o.resolveTimeout)
 	if err := id.ResolveAddr(ai, timeout); err != nil {
@@ -145,7 +152,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.Add
 		} else {
 			var abandoned bool
 			if abandoned, err = connectBlocking(ctx, id, param, func() { ep.CloseAndDrain(nil) }); abandoned {
-				return nil, err // the connection is freed when the kernel gives up
+				return nil, nil, err // the connection is freed when the kernel gives up
 			}
 			if errors.Is(err, syscall.EADDRNOTAVAIL) {
 				err = fmt.Errorf("%w: %w", errLocalPortInUse, err)
@@ -158,11 +165,11 @@ func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.Add
 	}
 	if err != nil {
 		ep.CloseAndDrain(nil) // puts back what WithSetup posted
-		return nil, err
+		return nil, cfg.LocalAddr, err
 	}
 	c.ctl.Established(reply)
 	setRNRTimer(id, o.conn.rnrTimer, o.conn.logger)
-	return ep, nil
+	return ep, cfg.LocalAddr, nil
 }
 
 // connectBlocking calls rdma_connect where it blocks: on iWARP the kernel

@@ -151,7 +151,8 @@ func TestConnectCloseCycles(t *testing.T) {
 		ep, err := cm.Dial(ctx, l.Addr().String())
 		if err != nil {
 			// A rare dial on siw0 has been reset before the MPA reply;
-			// the sockets then may tell why.
+			// the sockets then may tell why, beside the local port
+			// the error names.
 			t.Logf("TCP sockets on the listener's port as the dial failed:\n%s", tcpSocketsOnPort(t, l.Addr()))
 		}
 		require.NoError(t, err)
