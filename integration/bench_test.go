@@ -335,6 +335,64 @@ func (s *blockSource) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// TestMsgRecvAllocations: a message sent and received with Send and Recv
+// allocates Recv's copy of the payload, which the caller keeps, and
+// nothing else: no Message (Recv releases the message itself).
+func TestMsgRecvAllocations(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	a, b, _ := msgPair(t, ctx)
+	payload := make([]byte, 64)
+	hop := func(from, to *msg.Conn) func() error {
+		return func() error {
+			if err := from.Send(ctx, payload); err != nil {
+				return err
+			}
+			_, err := to.Recv(ctx)
+			return err
+		}
+	}
+	allocs := roundTripAllocs(t, hop(a, b), hop(b, a))
+	require.LessOrEqual(t, allocs, 2.0, "allocations a round trip of two messages")
+}
+
+// TestRdmanetReadAllocations: bytes written and read back over rdmanet
+// allocate nothing: a Read fills the caller's slice from the receive
+// buffer, and takes each message into the one Message its Conn reuses.
+func TestRdmanetReadAllocations(t *testing.T) {
+	rxetest.CheckResources(t)
+	a, b, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	out, in := make([]byte, 64), make([]byte, 64)
+	hop := func(from, to net.Conn) func() error {
+		return func() error {
+			if _, err := from.Write(out); err != nil {
+				return err
+			}
+			_, err := io.ReadFull(to, in)
+			return err
+		}
+	}
+	allocs := roundTripAllocs(t, hop(a, b), hop(b, a))
+	require.Zero(t, allocs, "allocations a round trip of 64 bytes each way")
+}
+
+// roundTripAllocs is the allocations of there then back (each a message
+// one way and its reading), averaged over 500 round trips.
+func roundTripAllocs(t *testing.T, there, back func() error) float64 {
+	allocs := testing.AllocsPerRun(500, func() {
+		if err := there(); err != nil {
+			t.Fatal(err)
+		}
+		if err := back(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%.2f allocations a round trip", allocs)
+	return allocs
+}
+
 // TestRPCCallAllocations: a call allocates, at both ends together, the
 // two copies of its payload (the request its handler keeps, the response
 // its caller gets) and the server's record of the call (its handler's

@@ -78,11 +78,6 @@ type arrival struct {
 	handed bool
 }
 
-// message makes r a Message for RecvMessage's caller.
-func (c *Conn) message(r arrival) *Message {
-	return &Message{Type: r.typ, ID: r.id, Payload: r.payload, c: c, mem: r}
-}
-
 // release gives r's memory back, once; the peer gets the credit.
 func (c *Conn) release(r arrival) {
 	if r.buf != nil {
@@ -759,12 +754,12 @@ func (c *Conn) Send(ctx context.Context, payload []byte) error {
 // It returns io.EOF once the peer closed in order and every message it sent
 // was read.
 func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
-	m, err := c.RecvMessage(ctx)
+	r, err := c.recv(ctx) // no Message: the copy is all the caller keeps
 	if err != nil {
 		return nil, err
 	}
-	defer m.Release()
-	return append([]byte(nil), m.Payload...), nil
+	defer c.release(r)
+	return append([]byte(nil), r.payload...), nil
 }
 
 // RecvMessage returns the next message without copying it; Release it.
@@ -773,11 +768,24 @@ func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 // After the peer's CloseWrite, every message it sent before is returned,
 // then io.EOF, while the connection stays up for this side's sends.
 func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
-	r, err := c.recv(ctx)
-	if err != nil {
+	m := new(Message)
+	if err := c.recvInto(ctx, m); err != nil {
 		return nil, err
 	}
-	return c.message(r), nil
+	return m, nil
+}
+
+// recvInto is RecvMessage into m, whose last message, if any, is
+// released: m then holds the next one, unreleased. A reader that holds
+// one message at a time can reuse one Message (rdmanet's does).
+func (c *Conn) recvInto(ctx context.Context, m *Message) error {
+	r, err := c.recv(ctx)
+	if err != nil {
+		return err
+	}
+	m.Type, m.ID, m.Payload, m.c, m.mem = r.typ, r.id, r.payload, c, r
+	m.released.Store(false)
+	return nil
 }
 
 // recv is RecvMessage without the Message: the caller releases r.

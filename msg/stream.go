@@ -46,6 +46,9 @@ func init() {
 	seam.FillStream = func(c any, ctx context.Context, fill func(p []byte) int) error {
 		return c.(*Conn).fillStream(ctx, fill)
 	}
+	seam.ReadStream = func(c any, ctx context.Context, m any) error {
+		return c.(*Conn).recvInto(ctx, m.(*Message))
+	}
 }
 
 // writeStream writes p (at most MaxInline bytes) to the stream: it returns

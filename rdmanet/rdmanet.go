@@ -78,7 +78,8 @@ type Conn struct {
 	// holds while its writer runs.
 	readMu  sync.Mutex
 	bufMu   sync.Mutex
-	msg     *msg.Message // the message Read is taking bytes from
+	msg     *msg.Message // the message Read is taking bytes from: nil, or slot
+	slot    msg.Message  // each message in turn, taken once the last is released
 	rest    []byte       // its bytes not yet read
 	readErr error        // the stream's end, once seen
 	closed  bool         // Close released msg: a message taken out is released, not put back
@@ -200,15 +201,14 @@ func (c *Conn) fill() error {
 			return c.readErr
 		}
 		ctx := c.readDeadline.context()
-		m, err := c.c.RecvMessage(ctx)
-		if err != nil {
+		if err := seam.ReadStream(c.c, ctx, &c.slot); err != nil {
 			if err == io.EOF {
 				c.readErr = io.EOF
 				return io.EOF
 			}
 			return c.opError("read", err, ctx)
 		}
-		c.msg, c.rest = m, m.Payload
+		c.msg, c.rest = &c.slot, c.slot.Payload
 	}
 	return nil
 }

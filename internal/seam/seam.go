@@ -174,6 +174,10 @@ var (
 	// meanwhile, and its bytes are then dropped. Callers serialize it
 	// with their writes.
 	FillStream func(c any, ctx context.Context, fill func(p []byte) int) error
+	// ReadStream is the *msg.Conn's RecvMessage into m, a *msg.Message
+	// the caller reuses for each message once it has released the last:
+	// a reader that holds one message at a time allocates none.
+	ReadStream func(c any, ctx context.Context, m any) error
 )
 
 // Registered by package endpoint.
