@@ -867,12 +867,18 @@ func (c *Conn) endForReader() error {
 }
 
 // ready is what recv returns without waiting (ok): the next message in
-// the inbox, or io.EOF after the peer's CloseWrite.
+// the inbox, or io.EOF after the peer's CloseWrite. The two looks are
+// apart, each a non-blocking receive, which takes no lock on a channel
+// found empty (a select over both locks both, and recv asks before every
+// wait); nothing arrives behind the CloseWrite that closes eof.
 func (c *Conn) ready() (r arrival, ok bool, err error) {
 	select {
 	case r := <-c.inbox:
 		r, err = c.taken(r)
 		return r, true, err
+	default:
+	}
+	select {
 	case <-c.eof:
 		return arrival{}, true, io.EOF
 	default:
