@@ -135,7 +135,13 @@ func newConn(id *verbs.CMID, q *cmevent.Queue, log zerolog.Logger) *conn {
 }
 
 // start creates the endpoint on c's id and starts reading its events.
+// Once a logger is set, the connection's lines (the CM's and the
+// endpoint's) name its addresses: a process has many connections.
 func (c *conn) start(cfg seam.EndpointConfig) (*endpoint.Endpoint, error) {
+	if c.log.GetLevel() != zerolog.Disabled {
+		c.log = c.log.With().Stringer("local", cfg.LocalAddr).Stringer("remote", cfg.RemoteAddr).Logger()
+		cfg.Logger = c.log
+	}
 	ep, ctl, err := seam.NewEndpoint(c.id, cfg, c.close)
 	if err != nil {
 		return nil, err

@@ -168,7 +168,7 @@ func dialOn(ctx context.Context, id *verbs.CMID, q *cmevent.Queue, ai *verbs.Add
 		return nil, cfg.LocalAddr, err
 	}
 	c.ctl.Established(reply)
-	setRNRTimer(id, o.conn.rnrTimer, o.conn.logger)
+	setRNRTimer(id, o.conn.rnrTimer, c.log)
 	return ep, cfg.LocalAddr, nil
 }
 

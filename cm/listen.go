@@ -155,7 +155,7 @@ func (l *Listener) run() {
 		select {
 		case l.reqs <- req:
 		default:
-			l.o.conn.logger.Warn().Msg("listener: backlog full; rejecting a connect request")
+			l.o.conn.logger.Warn().Stringer("remote", req.remoteAddr).Msg("listener: backlog full; rejecting a connect request")
 			req.Reject(nil)
 		}
 	}
@@ -202,7 +202,7 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 		if err == nil || ctx.Err() != nil {
 			return ep, err
 		}
-		l.o.conn.logger.Debug().Err(err).Msg("listener: accept failed")
+		l.o.conn.logger.Debug().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: accept failed")
 	}
 }
 
@@ -262,7 +262,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 		ep.CloseAndDrain(nil) // puts back what WithSetup posted
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
-	setRNRTimer(r.id, o.conn.rnrTimer, o.conn.logger)
+	setRNRTimer(r.id, o.conn.rnrTimer, c.log)
 	return ep, nil
 }
 

@@ -236,7 +236,8 @@ func WithPolling(mode endpoint.PollMode, spin time.Duration) Option {
 	}
 }
 
-// WithLogger logs through l (the library is silent by default).
+// WithLogger logs through l (the library is silent by default). A
+// connection's lines carry its addresses, as the fields local and remote.
 func WithLogger(l zerolog.Logger) Option { return func(o *connOptions) { o.logger = l } }
 
 // WithCloseTimeout bounds how long an endpoint's Close waits for the device

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,58 @@ func TestDialRefused(t *testing.T) {
 	}
 	t.Logf("refused after %v: %v", time.Since(start), err)
 	require.Less(t, time.Since(start), 10*time.Second, "a refused dial fails fast, not by a timeout")
+}
+
+// TestConnectionLogNamesAddresses: with a logger set, each line a
+// connection logs (its CM events here) names its local and remote
+// addresses, on both sides, so that a process's many connections can be
+// told apart in its log.
+func TestConnectionLogNamesAddresses(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	var dialLog, listenLog lockedBuffer
+	logTo := func(b *lockedBuffer) cm.Option {
+		return cm.WithLogger(zerolog.New(b).Level(zerolog.DebugLevel))
+	}
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), logTo(&listenLog))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan *endpoint.Endpoint, 1)
+	go func() {
+		ep, err := l.Accept(ctx)
+		assert.NoError(t, err)
+		accepted <- ep
+	}()
+	d, err := cm.Dial(ctx, l.Addr().String(), logTo(&dialLog))
+	require.NoError(t, err)
+	a := <-accepted
+	require.NotNil(t, a)
+	require.NoError(t, d.CloseAndDrain(nil))
+	select { // the accepted side logs the dialer's disconnect
+	case <-a.Done():
+	case <-ctx.Done():
+		t.Fatal("the accepted endpoint never saw the dialer leave")
+	}
+	require.NoError(t, a.CloseAndDrain(nil))
+
+	for _, side := range []struct {
+		name string
+		log  *lockedBuffer
+		ep   *endpoint.Endpoint
+	}{{"dialer", &dialLog, d}, {"listener", &listenLog, a}} {
+		events := 0
+		for line := range strings.Lines(side.log.String()) {
+			var entry struct{ Message, Local, Remote string }
+			require.NoError(t, json.Unmarshal([]byte(line), &entry), line)
+			if entry.Message != "cm event" {
+				continue
+			}
+			events++
+			require.Equal(t, side.ep.LocalAddr().String(), entry.Local, "%s: %s", side.name, line)
+			require.Equal(t, side.ep.RemoteAddr().String(), entry.Remote, "%s: %s", side.name, line)
+		}
+		require.Positive(t, events, "%s logged no CM event:\n%s", side.name, side.log.String())
+	}
 }
 
 // TestDialsWhileSignalsArrive: dials made while the process takes a
