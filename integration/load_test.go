@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/cm"
@@ -134,7 +135,13 @@ func TestConnectCloseCycles(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	rxetest.CheckResources(t)
-	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	// Both sides log the CM's events and the listener's failed accepts,
+	// which Accept itself only logs: a failed dial prints the last ones.
+	var cmLog tailLog
+	logTo := func(side string) cm.Option {
+		return cm.WithLogger(zerolog.New(&cmLog).Level(zerolog.DebugLevel).With().Str("side", side).Logger())
+	}
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), logTo("listener"))
 	require.NoError(t, err)
 	defer l.Close()
 	cycle := func() {
@@ -148,12 +155,19 @@ func TestConnectCloseCycles(t *testing.T) {
 		}()
 		// On iWARP, cm.Dial itself dials again when rdma_cm picked a
 		// local port that still has a TCP connection to this listener.
-		ep, err := cm.Dial(ctx, l.Addr().String())
+		ep, err := cm.Dial(ctx, l.Addr().String(), logTo("dialer"))
 		if err != nil {
 			// A rare dial on siw0 has been reset before the MPA reply;
-			// the sockets then may tell why, beside the local port
-			// the error names.
+			// the sockets and the listener's side may tell why,
+			// beside the local port the error names.
 			t.Logf("TCP sockets on the listener's port as the dial failed:\n%s", tcpSocketsOnPort(t, l.Addr()))
+			select {
+			case aerr := <-got:
+				t.Logf("the listener's Accept: %v", aerr)
+			case <-time.After(time.Second):
+				t.Logf("the listener's Accept was still waiting a second later")
+			}
+			t.Logf("the last CM log lines of both sides:\n%s", cmLog.String())
 		}
 		require.NoError(t, err)
 		require.NoError(t, ep.CloseAndDrain(nil))
@@ -208,4 +222,33 @@ func tcpSocketsOnPort(t *testing.T, addr net.Addr) string {
 		}
 	}
 	return strings.Join(kept, "\n")
+}
+
+// tailLog keeps the last tailLines lines a logger wrote (zerolog writes
+// one line per call), safe for concurrent writes.
+type tailLog struct {
+	mu    sync.Mutex
+	lines [tailLines]string
+	next  int
+}
+
+const tailLines = 64
+
+func (l *tailLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines[l.next%tailLines] = strings.TrimRight(string(p), "\n")
+	l.next++
+	return len(p), nil
+}
+
+func (l *tailLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for i := max(0, l.next-tailLines); i < l.next; i++ {
+		b.WriteString(l.lines[i%tailLines])
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
