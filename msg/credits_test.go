@@ -13,6 +13,11 @@ import (
 // most a few of those it receives (rel; it holds the rest for ever) and
 // may come to owe the peer a confirmation (a rendezvous done).
 //
+// A side may also be a stream's (rdmanet's Conn): its data follows the
+// stream's hold rule (holdingLocked), and its application drains, as a
+// stream's reader does: it releases every message it receives, each in
+// its own time, before it waits for more.
+//
 // The two properties checked are the ones a Conn must keep:
 //   - no deadlock: data whose peer has room for it, or a confirmation,
 //     never waits in a state where nothing else can happen either;
@@ -50,6 +55,11 @@ type modelSide struct {
 	peerRoom              int8
 	sent, received        int8 // data in all
 	peerAsks, asked       bool
+	// stream: this side's data is held, not sent, while its credits are
+	// at or below holdAt (the peer owes half its receives or more).
+	// drains: its application releases every message it receives (rel
+	// is not counted down).
+	stream, drains bool
 }
 
 type modelState struct {
@@ -58,6 +68,9 @@ type modelState struct {
 }
 
 type creditModel struct{ depth int }
+
+// holdAt is Conn.holdAt for a peer of the model's depth.
+func (m creditModel) holdAt() int8 { return int8(m.depth - m.depth/2) }
 
 // rules is what creditState sees on side i; side 0 dialed.
 func (m creditModel) rules(x modelSide, i int) creditState {
@@ -91,25 +104,33 @@ func (m creditModel) send(st *modelState, i int, mm modelMsg) {
 }
 
 // step is one transition: control says it is a control message sent or
-// a delivery, which alone must not cycle; release, an application's
-// release of a message.
+// a delivery, which alone must not cycle; optional, a release that an
+// application that holds messages may never make (one that drains
+// always does, in time).
 type step struct {
-	next             modelState
-	control, release bool
+	next              modelState
+	control, optional bool
 }
 
 func (m creditModel) steps(st modelState, out []step) []step {
 	for i := range 2 {
 		x := st.side[i]
 		r := m.rules(x, i)
-		if x.held > 0 && x.rel > 0 { // the application releases a message
+		if x.held > 0 && (x.rel > 0 || x.drains) { // the application releases a message
 			n := st
 			n.side[i].held--
-			n.side[i].rel--
+			if !x.drains {
+				n.side[i].rel--
+			}
 			n.side[i].toGrantData++
-			out = append(out, step{next: n, release: true})
+			out = append(out, step{next: n, optional: !x.drains})
 		}
-		if x.want > 0 && r.dataMayGo() { // a send
+		// A stream's message that a write does not fill is held while
+		// the peer owes half its receives or more (holdingLocked). A
+		// write that fills it sends it anyway; the model leaves that out,
+		// the worst case for a last write.
+		held := x.stream && x.credits <= m.holdAt()
+		if x.want > 0 && r.dataMayGo() && !held { // a send
 			n := st
 			n.side[i].want--
 			n.side[i].peerRoom--
@@ -123,7 +144,13 @@ func (m creditModel) steps(st modelState, out []step) []step {
 			n.side[i].confirm++
 			out = append(out, step{next: n})
 		}
-		if r.controlOwed(x.confirm > 0, x.asked, x.want > 0) && r.mayControl() {
+		// Data that may go carries the credits owed, and goes first: a
+		// Send that waits for a credit (controlLoop's creditWaiters), or
+		// a stream's message no longer held (the control loop posts it
+		// before it looks at what it owes). A held message waits for the
+		// credits themselves.
+		sendWaits := x.want > 0 && !held
+		if r.controlOwed(x.confirm > 0, x.asked, sendWaits) && r.mayControl() {
 			n := st
 			if n.side[i].confirm > 0 {
 				n.side[i].confirm--
@@ -154,11 +181,12 @@ func (m creditModel) steps(st modelState, out []step) []step {
 	return out
 }
 
-// stuck says st is a deadlock: nothing but releases can happen, yet a
-// side has data the peer has room for, or a confirmation to send.
+// stuck says st is a deadlock: nothing but releases an application may
+// never make can happen, yet a side has data the peer has room for, or a
+// confirmation to send.
 func (m creditModel) stuck(st modelState, steps []step) bool {
 	for _, s := range steps {
-		if !s.release {
+		if !s.optional {
 			return false
 		}
 	}
@@ -264,6 +292,40 @@ func (m creditModel) starts() []modelState {
 func TestCreditRulesSettle(t *testing.T) {
 	m := creditModel{depth: minRecvDepth}
 	states, err := m.explore(m.starts())
+	require.NoError(t, err)
+	t.Logf("%d states at depth %d", states, m.depth)
+	require.Greater(t, states, 1000)
+}
+
+// streamStarts are the first states of a stream's two sides (rdmanet's
+// Conn is on both ends, and each reads all it gets) with every credit,
+// each with some messages to write.
+func (m creditModel) streamStarts() []modelState {
+	var out []modelState
+	d := int8(m.depth)
+	for wantA := int8(0); wantA <= d; wantA++ {
+		for wantB := int8(0); wantB <= d; wantB++ {
+			var st modelState
+			for i, want := range []int8{wantA, wantB} {
+				st.side[i] = modelSide{credits: d, peerCredits: d, peerRoom: d, want: want, stream: true, drains: true}
+			}
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// TestStreamHoldSettles runs the credit rules with the stream's hold rule
+// in the model, at a depth where holding differs from having no credit to
+// spare (holdAt above dataReserve): a held message always leaves once the
+// peer has read what it had, and control messages alone never cycle. Both
+// sides are streams, as rdmanet's are: a stream facing a peer whose data
+// goes by Send can, in this model, trade one-credit messages for as long
+// as neither application releases.
+func TestStreamHoldSettles(t *testing.T) {
+	m := creditModel{depth: 8}
+	require.Greater(t, m.holdAt(), int8(dataReserve), "holding would add nothing to the reserve")
+	states, err := m.explore(m.streamStarts())
 	require.NoError(t, err)
 	t.Logf("%d states at depth %d", states, m.depth)
 	require.Greater(t, states, 1000)
