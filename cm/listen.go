@@ -215,7 +215,10 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 // (no send, write or read) before the dialer's first message has arrived.
 // Sooner, it can reach the dialer's kernel before that has read the
 // handshake's reply, which then ends the dialer's connection (rdma_connect's
-// event reports a connect error). Package msg keeps this rule for its users.
+// event reports a connect error). Closing the accepted endpoint that soon
+// can end it the same way: the dialer's Dial then fails with an error
+// matching syscall.ECONNRESET, where a TCP dialer would connect and read
+// EOF. Package msg keeps this rule for its users.
 func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
 	o, err := newAcceptOptions(r.o, opts)
 	if err != nil {
