@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 )
@@ -144,34 +145,42 @@ func TestConnectCloseCycles(t *testing.T) {
 	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), logTo("listener"))
 	require.NoError(t, err)
 	defer l.Close()
+	type accepted struct {
+		ep  *endpoint.Endpoint
+		err error
+	}
 	cycle := func() {
-		got := make(chan error, 1)
+		got := make(chan accepted, 1)
 		go func() {
 			ep, err := l.Accept(ctx)
-			if err == nil {
-				ep.CloseAndDrain(nil)
-			}
-			got <- err
+			got <- accepted{ep, err}
 		}()
 		// On iWARP, cm.Dial itself dials again when rdma_cm picked a
 		// local port that still has a TCP connection to this listener.
 		ep, err := cm.Dial(ctx, l.Addr().String(), logTo("dialer"))
 		if err != nil {
-			// A rare dial on siw0 has been reset before the MPA reply;
-			// the sockets and the listener's side may tell why,
-			// beside the local port the error names.
 			t.Logf("TCP sockets on the listener's port as the dial failed:\n%s", tcpSocketsOnPort(t, l.Addr()))
 			select {
-			case aerr := <-got:
-				t.Logf("the listener's Accept: %v", aerr)
+			case a := <-got:
+				t.Logf("the listener's Accept: %v", a.err)
 			case <-time.After(time.Second):
 				t.Logf("the listener's Accept was still waiting a second later")
 			}
 			t.Logf("the last CM log lines of both sides:\n%s", cmLog.String())
 		}
 		require.NoError(t, err)
+		a := <-got
+		require.NoError(t, a.err)
+		// Both ends close at once, but only once both have the
+		// connection. On iWARP the accepting side has it first (its
+		// ESTABLISHED comes as it sends the MPA reply), and closing it
+		// then can reset the dialer's handshake before the dialer has
+		// read the reply: Dial fails with ECONNRESET, an ending
+		// TestAcceptsCancelledMidHandshake covers.
+		closed := make(chan error, 1)
+		go func() { closed <- a.ep.CloseAndDrain(nil) }()
 		require.NoError(t, ep.CloseAndDrain(nil))
-		require.NoError(t, <-got)
+		require.NoError(t, <-closed)
 	}
 	measure := func() (goroutines, fds int, heap uint64, res rxetest.Resources) {
 		runtime.GC()
