@@ -342,14 +342,33 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	return err
 }
 
-// failureGrace is how long a failed work request waits before it becomes
-// the connection's end (Done, Err), for the CM to say why first. When the
-// peer leaves, the device's failure and the CM's event race: siw fails the
-// request it is sending with a local QP error when the peer's close breaks
-// its TCP connection, and reports the disconnect a moment later. A failure
-// the CM never explains (a bad key, retries exhausted) ends the connection
-// when the grace is over.
+// failureGrace is how long the CM's word on why a connection ended may lag
+// the device's failure. When the peer leaves, the two race: siw flushes the
+// queues, or fails the request it is sending with a local QP error, when
+// the peer's close breaks its TCP connection, and reports the disconnect a
+// moment later; rxe usually reports first. So a failed work request waits
+// this long before it becomes the connection's end (Done, Err), for the CM
+// to say why first, and a failure the CM never explains (a bad key,
+// retries exhausted) ends the connection when the grace is over; and
+// awaitEnd waits this long for the CM's reason for a flush or a refusal.
 const failureGrace = 100 * time.Millisecond
+
+// awaitEnd is seam.AwaitEnd: it waits until Done is closed, at most
+// failureGrace. Without the wait, the same crash of the peer would end a
+// connection with a different error on each device.
+func (ep *Endpoint) awaitEnd() {
+	select {
+	case <-ep.done:
+		return
+	default:
+	}
+	wait := time.NewTimer(failureGrace)
+	defer wait.Stop()
+	select {
+	case <-ep.done:
+	case <-wait.C:
+	}
+}
 
 // teardown destroys the verbs objects in order (QP, CQ, channel), then
 // completes whatever the device never handed back with ErrClosed: once the

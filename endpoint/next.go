@@ -204,6 +204,7 @@ func init() {
 	seam.Kick = func(ep any) { ep.(*Endpoint).poller.kickPoller() }
 	seam.KickDone = func(ep any) { ep.(*Endpoint).poller.waiting.Add(-1) }
 	seam.SendsCompleteLocally = func(ep any) bool { return ep.(*Endpoint).dev.IWARP }
+	seam.AwaitEnd = func(ep any) { ep.(*Endpoint).awaitEnd() }
 }
 
 // progressFor is seam.Progress: a Next for a handler-mode endpoint, whose

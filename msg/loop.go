@@ -146,28 +146,16 @@ func (c *Conn) endReceivesIfAllIn() {
 	}
 }
 
-// causeGrace bounds how long a flush that ends the connection waits for
-// the endpoint to learn why. When the peer leaves, the device flushes the
-// queues and the CM reports the disconnect, in either order: siw often
-// flushes first, rxe reports first. Without the wait the same crash
-// would end a connection with a different error on each device.
-const causeGrace = 100 * time.Millisecond
-
-// awaitEndCause waits, up to causeGrace, for the endpoint to learn why the
-// connection ended, unless this side knows already (an error of its own,
-// its Close, the peer's goodbye).
+// awaitEndCause waits (seam.AwaitEnd: as long as the CM's word may lag the
+// device's failure) for the endpoint to learn why the connection ended,
+// unless this side knows already (an error of its own, its Close, the
+// peer's goodbye).
 func (c *Conn) awaitEndCause() {
 	c.mu.Lock()
 	known := c.err != nil || c.peerClosed
 	c.mu.Unlock()
-	if known {
-		return
-	}
-	wait := time.NewTimer(causeGrace)
-	defer wait.Stop()
-	select {
-	case <-c.ep.Done():
-	case <-wait.C:
+	if !known {
+		seam.AwaitEnd(c.ep)
 	}
 }
 
@@ -182,11 +170,11 @@ func (c *Conn) endCause() (reason error, peerClosed bool) {
 	return c.ep.Err(), peerClosed
 }
 
-// endError is why the connection ended when one of its work requests
-// failed (what: "send" or "receive"): the peer's goodbye if it came, else
-// the endpoint's reason (the peer disconnected, ...) if it has one or gets
-// one within causeGrace, else the failure itself. A device's failure and
-// the CM's word race when the peer leaves: siw flushes the queues, or
+// endError is why the connection ended when one of its work requests failed
+// (what: "send" or "receive"): the peer's goodbye if it came, else the
+// endpoint's reason (the peer disconnected, ...) if it has one or gets one
+// within the endpoint's grace, else the failure itself. A device's failure
+// and the CM's word race when the peer leaves: siw flushes the queues, or
 // fails the send in progress with a local error, before the CM reports.
 func (c *Conn) endError(what string, err error) error {
 	reason, peerClosed := c.endCause()
@@ -321,9 +309,9 @@ func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error 
 // rendezvousError is why a rendezvous read failed. When the connection
 // ended under it (the device flushed the read, or refused it as the queue
 // pair left the state that sends) the endpoint's reason says why, once it
-// has one or gets one within causeGrace, as for a flushed receive. After
-// the peer's goodbye the read's own failure stays: the peer left with a
-// message announced and not yet read.
+// has one or gets one within the endpoint's grace, as for a flushed
+// receive. After the peer's goodbye the read's own failure stays: the peer
+// left with a message announced and not yet read.
 func (c *Conn) rendezvousError(length uint32, err error) error {
 	if _, refused := errors.AsType[*endpoint.PostError](err); refused || errors.Is(err, endpoint.ErrClosed) {
 		if reason, peerClosed := c.endCause(); reason != nil && !peerClosed {

@@ -173,10 +173,10 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 }
 
 // refusalError is why a post the device refused ends the connection: the
-// endpoint's reason if it has one or gets one within causeGrace, else the
-// refusal. A device may refuse posts as the connection ends under them:
-// siw refuses a doorbell with ENOTCONN while the peer's close moves its
-// queue pair to the error state, and the sender must then learn of the
+// endpoint's reason if it has one or gets one within the endpoint's grace,
+// else the refusal. A device may refuse posts as the connection ends under
+// them: siw refuses a doorbell with ENOTCONN while the peer's close moves
+// its queue pair to the error state, and the sender must then learn of the
 // peer's leaving, as it would from the flush.
 func (c *Conn) refusalError(n int, err error) error {
 	if reason, _ := c.endCause(); reason != nil {

@@ -215,6 +215,11 @@ var (
 	// means that the transport took it (iWARP: TCP has the bytes), not
 	// that the peer has it (InfiniBand and RoCE: the peer acknowledged).
 	SendsCompleteLocally func(ep any) bool
+	// AwaitEnd waits until ep's connection has ended (its Done), for at
+	// most as long as the CM's report may lag a failure the device showed
+	// first: for a caller that saw a work request fail, or a post refused,
+	// as the connection ended, and wants the reason (the peer left, ...).
+	AwaitEnd func(ep any)
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
