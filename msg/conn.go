@@ -98,7 +98,7 @@ type Conn struct {
 	out       outbox // sends waiting for a doorbell
 	maxInline int    // payload bytes that fit the peer's buffers
 	grantAt   int    // toGrant that triggers a credit message
-	holdAt    int    // credits at or below which the peer owes half its receives or more
+	holdAt    int    // credits at or below which the peer owes half its receives or more, rounded up
 
 	mu      sync.Mutex
 	credits int           // messages this side may send
@@ -227,7 +227,7 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 	}
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
-		holdAt:  peer.recvDepth - peer.recvDepth/2,
+		holdAt:  peer.recvDepth / 2,
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),

@@ -70,7 +70,7 @@ type modelState struct {
 type creditModel struct{ depth int }
 
 // holdAt is Conn.holdAt for a peer of the model's depth.
-func (m creditModel) holdAt() int8 { return int8(m.depth - m.depth/2) }
+func (m creditModel) holdAt() int8 { return int8(m.depth / 2) }
 
 // rules is what creditState sees on side i; side 0 dialed.
 func (m creditModel) rules(x modelSide, i int) creditState {
@@ -316,17 +316,22 @@ func (m creditModel) streamStarts() []modelState {
 }
 
 // TestStreamHoldSettles runs the credit rules with the stream's hold rule
-// in the model, at a depth where holding differs from having no credit to
-// spare (holdAt above dataReserve): a held message always leaves once the
-// peer has read what it had, and control messages alone never cycle. Both
+// in the model: a held message always leaves once the peer has read what
+// it had, and control messages alone never cycle. At depth 8 holding
+// begins above the reserve (holdAt 4). At depth 7 the rounding of "half
+// the peer's receives" decides: holding once the peer owed 3 of 7 (holdAt
+// 4) let the two sides trade one-credit messages while a reader held two
+// messages; holding once it owes 4 (holdAt 3, the reserve) leaves the
+// stream waiting only for credits, and the rules settle. Both
 // sides are streams, as rdmanet's are: a stream facing a peer whose data
 // goes by Send can, in this model, trade one-credit messages for as long
 // as neither application releases.
 func TestStreamHoldSettles(t *testing.T) {
-	m := creditModel{depth: 8}
-	require.Greater(t, m.holdAt(), int8(dataReserve), "holding would add nothing to the reserve")
-	states, err := m.explore(m.streamStarts())
-	require.NoError(t, err)
-	t.Logf("%d states at depth %d", states, m.depth)
-	require.Greater(t, states, 1000)
+	for _, depth := range []int{7, 8} {
+		m := creditModel{depth: depth}
+		states, err := m.explore(m.streamStarts())
+		require.NoError(t, err, "depth %d", depth)
+		t.Logf("%d states at depth %d", states, m.depth)
+		require.Greater(t, states, 1000)
+	}
 }
