@@ -270,6 +270,62 @@ func TestRdmanetSmallWritesCombine(t *testing.T) {
 	require.Greater(t, writer.Stats().MessagesSent, sent, "the held bytes left after the reader read")
 }
 
+// TestRdmanetFacingMsgPeerHoldsNothing: a msg peer may read an rdmanet
+// Conn's bytes as messages, and hold those it has while it waits for
+// more. Facing it, a stream holds back no bytes that a credit would let
+// go: every write reaches the peer although it has released none. (A
+// stream that held its last write until the peer gave back half its
+// receives would wait for ever, and so would the peer.)
+func TestRdmanetFacingMsgPeerHoldsNothing(t *testing.T) {
+	rxetest.CheckResources(t)
+	ctx := context.Background()
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			c = nil
+		}
+		accepted <- c
+	}()
+	peer, err := msg.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer peer.Close()
+	writer := <-accepted
+	require.NotNil(t, writer)
+	defer writer.Close()
+
+	// More writes than half the peer's 32 receives, fewer than all of
+	// them less the reserve, each read before the next: each may go as
+	// soon as it is written.
+	const writes, size = 24, 100
+	body := make([]byte, writes*size)
+	pattern(body, 9)
+	require.NoError(t, writer.SetWriteDeadline(time.Now().Add(10*time.Second)))
+	var got []byte
+	var held []*msg.Message
+	defer func() {
+		for _, m := range held {
+			m.Release()
+		}
+	}()
+	for i := range writes {
+		_, err := writer.Write(body[i*size : (i+1)*size])
+		require.NoError(t, err, "write %d", i)
+		for len(got) < (i+1)*size {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			m, err := peer.RecvMessage(rctx)
+			cancel()
+			require.NoError(t, err, "write %d: %d bytes of %d arrived, the peer holding all %d messages", i, len(got), (i+1)*size, len(held))
+			held = append(held, m)
+			got = append(got, m.Payload...)
+		}
+	}
+	require.True(t, bytes.Equal(body, got), "the bytes arrived in order")
+}
+
 // TestRdmanetCallsAfterClose: after Close, every call on the Conn fails
 // as on a closed TCP conn, with a *net.OpError matching net.ErrClosed:
 // Reads and Writes, of nothing too, the deadline setters and CloseWrite;

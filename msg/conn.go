@@ -98,7 +98,7 @@ type Conn struct {
 	out       outbox // sends waiting for a doorbell
 	maxInline int    // payload bytes that fit the peer's buffers
 	grantAt   int    // toGrant that triggers a credit message
-	holdAt    int    // credits at or below which the peer owes half its receives or more, rounded up
+	holdAt    int    // credits at or below which the open stream message is held (holdAt)
 
 	mu      sync.Mutex
 	credits int           // messages this side may send
@@ -227,7 +227,7 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 	}
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
 		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
-		holdAt:  peer.recvDepth / 2,
+		holdAt:  holdAt(peer),
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
@@ -311,7 +311,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	var pool *bufpool.Pool
 	b := new(binder)
 	dialOpts := []cm.DialOption{cm.WithSetup(postReceives(o, b, &pool)),
-		cm.WithPrivateData(hello{recvDepth: o.recvDepth, bufSize: o.bufSize}.encode())}
+		cm.WithPrivateData(o.hello().encode())}
 	for _, opt := range o.connOptions() {
 		dialOpts = append(dialOpts, opt)
 	}
@@ -499,7 +499,7 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	var pool *bufpool.Pool
 	b := new(binder)
 	ep, err := req.Accept(ctx, cm.WithSetup(postReceives(l.o, b, &pool)),
-		cm.WithPrivateData(hello{recvDepth: l.o.recvDepth, bufSize: l.o.bufSize}.encode()), handledBy(b))
+		cm.WithPrivateData(l.o.hello().encode()), handledBy(b))
 	if err != nil {
 		abandon(b, pool)
 		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")

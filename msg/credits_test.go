@@ -14,9 +14,10 @@ import (
 // may come to owe the peer a confirmation (a rendezvous done).
 //
 // A side may also be a stream's (rdmanet's Conn): its data follows the
-// stream's hold rule (holdingLocked), and its application drains, as a
-// stream's reader does: it releases every message it receives, each in
-// its own time, before it waits for more.
+// stream's hold rule (holdingLocked, at the holdAt its peer's hello
+// gives). A side's application may drain, as a stream's reader does: it
+// releases every message it receives, each in its own time, before it
+// waits for more; its hello says so.
 //
 // The two properties checked are the ones a Conn must keep:
 //   - no deadlock: data whose peer has room for it, or a confirmation,
@@ -56,9 +57,9 @@ type modelSide struct {
 	sent, received        int8 // data in all
 	peerAsks, asked       bool
 	// stream: this side's data is held, not sent, while its credits are
-	// at or below holdAt (the peer owes half its receives or more).
-	// drains: its application releases every message it receives (rel
-	// is not counted down).
+	// at or below holdAt. drains: its application releases every message
+	// it receives (rel is not counted down), and its hello says it reads
+	// as a stream.
 	stream, drains bool
 }
 
@@ -69,8 +70,10 @@ type modelState struct {
 
 type creditModel struct{ depth int }
 
-// holdAt is Conn.holdAt for a peer of the model's depth.
-func (m creditModel) holdAt() int8 { return int8(m.depth / 2) }
+// holdAt is Conn.holdAt facing peer, of the model's depth.
+func (m creditModel) holdAt(peer modelSide) int8 {
+	return int8(holdAt(hello{recvDepth: m.depth, streamReader: peer.drains}))
+}
 
 // rules is what creditState sees on side i; side 0 dialed.
 func (m creditModel) rules(x modelSide, i int) creditState {
@@ -126,10 +129,11 @@ func (m creditModel) steps(st modelState, out []step) []step {
 			out = append(out, step{next: n, optional: !x.drains})
 		}
 		// A stream's message that a write does not fill is held while
-		// the peer owes half its receives or more (holdingLocked). A
-		// write that fills it sends it anyway; the model leaves that out,
-		// the worst case for a last write.
-		held := x.stream && x.credits <= m.holdAt()
+		// its credits are at or below holdAt (holdingLocked): facing a
+		// stream's reader, while that peer owes half its receives or
+		// more. A write that fills it sends it anyway; the model leaves
+		// that out, the worst case for a last write.
+		held := x.stream && x.credits <= m.holdAt(st.side[1-i])
 		if x.want > 0 && r.dataMayGo() && !held { // a send
 			n := st
 			n.side[i].want--
@@ -315,6 +319,28 @@ func (m creditModel) streamStarts() []modelState {
 	return out
 }
 
+// mixedStarts are the first states of a stream's side (streamSide) facing
+// a msg peer whose application reads messages, releases a few and holds
+// the rest, with every credit, each with some messages to send.
+func (m creditModel) mixedStarts(streamSide int) []modelState {
+	var out []modelState
+	d := int8(m.depth)
+	for wantA := int8(0); wantA <= d; wantA++ {
+		for wantB := int8(0); wantB <= d; wantB++ {
+			for rel := int8(0); rel <= 2; rel++ {
+				var st modelState
+				for i, want := range []int8{wantA, wantB} {
+					st.side[i] = modelSide{credits: d, peerCredits: d, peerRoom: d, want: want}
+				}
+				st.side[streamSide].stream, st.side[streamSide].drains = true, true
+				st.side[1-streamSide].rel = rel
+				out = append(out, st)
+			}
+		}
+	}
+	return out
+}
+
 // TestStreamHoldSettles runs the credit rules with the stream's hold rule
 // in the model: a held message always leaves once the peer has read what
 // it had, and control messages alone never cycle. At depth 8 holding
@@ -322,16 +348,29 @@ func (m creditModel) streamStarts() []modelState {
 // the peer's receives" decides: holding once the peer owed 3 of 7 (holdAt
 // 4) let the two sides trade one-credit messages while a reader held two
 // messages; holding once it owes 4 (holdAt 3, the reserve) leaves the
-// stream waiting only for credits, and the rules settle. Both
-// sides are streams, as rdmanet's are: a stream facing a peer whose data
-// goes by Send can, in this model, trade one-credit messages for as long
-// as neither application releases.
+// stream waiting only for credits, and the rules settle.
+//
+// A stream also faces msg peers whose application holds messages (either
+// side dialing), at depth 8, where holding would begin above the reserve.
+// Holding for half of such a peer's receives deadlocked there: the peer held four of the stream's messages and waited for
+// more, and the stream's last one, with a credit free, waited for those
+// four; facing it, a stream holds nothing beyond the reserve (holdAt).
 func TestStreamHoldSettles(t *testing.T) {
-	for _, depth := range []int{7, 8} {
-		m := creditModel{depth: depth}
-		states, err := m.explore(m.streamStarts())
-		require.NoError(t, err, "depth %d", depth)
-		t.Logf("%d states at depth %d", states, m.depth)
+	type run struct {
+		name   string
+		depth  int
+		starts func(creditModel) []modelState
+	}
+	for _, r := range []run{
+		{"two streams", 7, creditModel.streamStarts},
+		{"two streams", 8, creditModel.streamStarts},
+		{"a stream dialing a msg peer", 8, func(m creditModel) []modelState { return m.mixedStarts(0) }},
+		{"a msg peer dialing a stream", 8, func(m creditModel) []modelState { return m.mixedStarts(1) }},
+	} {
+		m := creditModel{depth: r.depth}
+		states, err := m.explore(r.starts(m))
+		require.NoError(t, err, "%s, depth %d", r.name, r.depth)
+		t.Logf("%s: %d states at depth %d", r.name, states, r.depth)
 		require.Greater(t, states, 1000)
 	}
 }

@@ -25,6 +25,9 @@ type options struct {
 	keepalive        time.Duration
 	keepaliveTimeout time.Duration
 	rvCache          int // bytes of rendezvous regions kept registered
+	// streamReader: the application reads the connections as byte
+	// streams (rdmanet; seam.StreamReader), which hello tells the peer.
+	streamReader bool
 	// polls: the connections poll their CQs (busy or hybrid polling), so
 	// spinning goroutines may hold every P (see outbox.post).
 	polls bool
@@ -60,6 +63,15 @@ func newOptions(opts []Option) (options, error) {
 	}
 	o.polls = endpoint.PollMode(cfg.Poll) != endpoint.PollEvent
 	return o, nil
+}
+
+func init() {
+	seam.StreamReader = Option(func(o *options) { o.streamReader = true })
+}
+
+// hello is what this side announces to its peers.
+func (o options) hello() hello {
+	return hello{recvDepth: o.recvDepth, bufSize: o.bufSize, streamReader: o.streamReader}
 }
 
 // WithRecvDepth sets how many receives each connection keeps posted: the

@@ -16,10 +16,10 @@ import (
 // keeps up: a lone write, or a ping-pong's, waits for nothing. While it
 // does not, the write returns with its bytes held in the open message, and
 // the writes after it fill that message up, to MaxInline. The reader is
-// behind when no credit is free, or when half the peer's receives or more
-// hold messages it has not given back (holdingLocked); the message leaves
-// with the credits the peer returns, posted by whoever sees them first: a
-// write, or the control loop. Only a write that finds the open message full
+// behind when no credit is free, or, when the peer reads as a stream too,
+// when half its receives or more hold messages it has not given back
+// (holdingLocked); the message leaves with the credits the peer returns,
+// posted by whoever sees them first: a write, or the control loop. Only a write that finds the open message full
 // waits, and only for a credit. This is what TCP does with bytes its peer's
 // window will not take yet, and for the same reason: each message costs a
 // receive, a credit and a doorbell whatever its size, so a reader that is
@@ -222,12 +222,27 @@ func (c *Conn) streamWaitingLocked() bool {
 	return s.buf != nil && !s.filling && !s.leaving && c.err == nil
 }
 
+// holdAt is the credits at or below which the open stream message is held
+// for more writes although a credit is free: when the peer owes half its
+// receives or more, rounded up, if the peer reads as a stream. Its reader
+// then releases each message before it waits for the next, so the credits
+// come back once it has caught up, and the held message leaves with them.
+// A peer that reads messages (a msg Conn's application) may hold some for
+// good while it waits for the next, which a held message would never
+// become: facing it, the stream holds nothing a credit would let go.
+func holdAt(peer hello) int {
+	if peer.streamReader {
+		return peer.recvDepth / 2
+	}
+	return dataReserve
+}
+
 // holdingLocked says the open stream message, not full, keeps taking
-// writes although a credit is free: half the peer's receives or more hold
-// messages it has not given back (its reader is behind), and the peer's
-// credit rule returns them in one credit message once it has read them
-// (creditState.due), which lets the message leave. Before Close's goodbye or
-// CloseWrite's end of data nothing is held back for more. c.mu is held.
+// writes although a credit is free (holdAt): the peer's reader is behind,
+// and the peer's credit rule returns its receives in one credit message
+// once it has read them (creditState.due), which lets the message leave.
+// Before Close's goodbye or CloseWrite's end of data nothing is held back
+// for more. c.mu is held.
 func (c *Conn) holdingLocked() bool {
 	return c.credits <= c.holdAt && c.stream.n < c.maxInline && !c.closing && !c.writeClosed.Load()
 }

@@ -61,7 +61,8 @@ func WithMsgOptions(opts ...msg.Option) Option {
 
 // msgOptions is rdmanet's msg options, then those opts add.
 func msgOptions(opts []Option) []msg.Option {
-	o := options{msg: []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth)}}
+	o := options{msg: []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth),
+		seam.StreamReader.(msg.Option)}}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -178,6 +178,10 @@ var (
 	// the caller reuses for each message once it has released the last:
 	// a reader that holds one message at a time allocates none.
 	ReadStream func(c any, ctx context.Context, m any) error
+	// StreamReader is a msg.Option for Dial and Listen: the application
+	// reads each connection as a byte stream, releasing every message it
+	// receives before it waits for the next, and tells its peers so.
+	StreamReader any
 )
 
 // Registered by package endpoint.
