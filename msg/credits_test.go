@@ -301,39 +301,30 @@ func TestCreditRulesSettle(t *testing.T) {
 	require.Greater(t, states, 1000)
 }
 
-// streamStarts are the first states of a stream's two sides (rdmanet's
-// Conn is on both ends, and each reads all it gets) with every credit,
-// each with some messages to write.
-func (m creditModel) streamStarts() []modelState {
+// streamStarts are the first states of two sides with every credit, each
+// with some messages to send, where streams says which are streams
+// (rdmanet's Conn, whose reader releases all it gets). A side that is not
+// faces a stream as a msg peer whose application reads messages,
+// releases a few and holds the rest.
+func (m creditModel) streamStarts(streams [2]bool) []modelState {
 	var out []modelState
 	d := int8(m.depth)
-	for wantA := int8(0); wantA <= d; wantA++ {
-		for wantB := int8(0); wantB <= d; wantB++ {
-			var st modelState
-			for i, want := range []int8{wantA, wantB} {
-				st.side[i] = modelSide{credits: d, peerCredits: d, peerRoom: d, want: want, stream: true, drains: true}
-			}
-			out = append(out, st)
-		}
+	maxRel := int8(2)
+	if streams[0] && streams[1] {
+		maxRel = 0 // streams release everything: rel means nothing
 	}
-	return out
-}
-
-// mixedStarts are the first states of a stream's side (streamSide) facing
-// a msg peer whose application reads messages, releases a few and holds
-// the rest, with every credit, each with some messages to send.
-func (m creditModel) mixedStarts(streamSide int) []modelState {
-	var out []modelState
-	d := int8(m.depth)
 	for wantA := int8(0); wantA <= d; wantA++ {
 		for wantB := int8(0); wantB <= d; wantB++ {
-			for rel := int8(0); rel <= 2; rel++ {
+			for rel := int8(0); rel <= maxRel; rel++ {
 				var st modelState
 				for i, want := range []int8{wantA, wantB} {
 					st.side[i] = modelSide{credits: d, peerCredits: d, peerRoom: d, want: want}
+					if streams[i] {
+						st.side[i].stream, st.side[i].drains = true, true
+					} else {
+						st.side[i].rel = rel
+					}
 				}
-				st.side[streamSide].stream, st.side[streamSide].drains = true, true
-				st.side[1-streamSide].rel = rel
 				out = append(out, st)
 			}
 		}
@@ -352,23 +343,24 @@ func (m creditModel) mixedStarts(streamSide int) []modelState {
 //
 // A stream also faces msg peers whose application holds messages (either
 // side dialing), at depth 8, where holding would begin above the reserve.
-// Holding for half of such a peer's receives deadlocked there: the peer held four of the stream's messages and waited for
-// more, and the stream's last one, with a credit free, waited for those
-// four; facing it, a stream holds nothing beyond the reserve (holdAt).
+// Holding for half of such a peer's receives deadlocked there: the peer
+// held four of the stream's messages and waited for more, and the
+// stream's last one, with a credit free, waited for those four; facing
+// it, a stream holds nothing beyond the reserve (holdAt).
 func TestStreamHoldSettles(t *testing.T) {
 	type run struct {
-		name   string
-		depth  int
-		starts func(creditModel) []modelState
+		name    string
+		depth   int
+		streams [2]bool // side 0 dials
 	}
 	for _, r := range []run{
-		{"two streams", 7, creditModel.streamStarts},
-		{"two streams", 8, creditModel.streamStarts},
-		{"a stream dialing a msg peer", 8, func(m creditModel) []modelState { return m.mixedStarts(0) }},
-		{"a msg peer dialing a stream", 8, func(m creditModel) []modelState { return m.mixedStarts(1) }},
+		{"two streams", 7, [2]bool{true, true}},
+		{"two streams", 8, [2]bool{true, true}},
+		{"a stream dialing a msg peer", 8, [2]bool{true, false}},
+		{"a msg peer dialing a stream", 8, [2]bool{false, true}},
 	} {
 		m := creditModel{depth: r.depth}
-		states, err := m.explore(r.starts(m))
+		states, err := m.explore(m.streamStarts(r.streams))
 		require.NoError(t, err, "%s, depth %d", r.name, r.depth)
 		t.Logf("%s: %d states at depth %d", r.name, states, r.depth)
 		require.Greater(t, states, 1000)
