@@ -389,12 +389,12 @@ func (ep *Endpoint) teardown() {
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {
 		s := ep.sends.release(ep.sendFIFO.pop())
-		ep.output(Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: ErrClosed, to: s.notify})
+		ep.output(Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: errClosedHere, to: s.notify})
 	}
 	for i := range ep.recvs.slots {
 		if ep.recvs.slots[i].used {
 			s := ep.recvs.release(uint32(i))
-			ep.output(Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: ErrClosed, to: s.notify})
+			ep.output(Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: errClosedHere, to: s.notify})
 		}
 	}
 	ep.queue.closed = true

@@ -56,7 +56,7 @@ func (o Op) String() string {
 type Completion struct {
 	Context any   // what the caller passed to Post*
 	Op      Op    // for receives, OpRecvWriteImm when the peer wrote with imm
-	Err     error // nil, a *CompletionError, or ErrClosed
+	Err     error // nil, a *CompletionError, or an error matching ErrClosed
 	Len     int   // bytes received (receives); bytes posted (others)
 	Imm     uint32
 	HasImm  bool
@@ -344,6 +344,13 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	go ep.deliverLoop()
 	ctl := &seam.Control{
 		PeerGone: func(cause error) {
+			ep.mu.Lock()
+			if ep.closing {
+				// This side's Close came first: its own disconnect is what
+				// the CM reports (iWARP does, to the side that closes).
+				cause = errClosedHere
+			}
+			ep.mu.Unlock()
 			ep.setDone(cause)
 			ep.disconnect()
 		},
@@ -473,8 +480,9 @@ func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
 // Done is closed when the connection has ended: Close, or the peer left.
 func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 
-// Err says why Done closed (nil while the connection is up): ErrClosed
-// after Close, an error matching ErrClosed when the peer left, or the
+// Err says why Done closed (nil while the connection is up): after Close,
+// an error matching ErrClosed and net.ErrClosed; when the peer left, one
+// matching ErrClosed but not net.ErrClosed; or the
 // *CompletionError of a work request that failed and took the connection
 // down with it (on RC, a failed work request moves the QP to the error
 // state; Done then closes within 100 ms, unless the CM says first that
@@ -499,7 +507,7 @@ func (ep *Endpoint) failed() error {
 func (ep *Endpoint) setDone(cause error) {
 	ep.doneOnce.Do(func() {
 		if cause == nil {
-			cause = ErrClosed
+			cause = errClosedHere
 		}
 		ep.doneErr.Store(&cause)
 		close(ep.done)
@@ -536,7 +544,7 @@ func (ep *Endpoint) Close() error {
 	ep.closeOnce.Do(func() {
 		ep.markClosing() // wakes the completion goroutine, or a caller of Next
 		ep.disconnect()  // posted work flushes back
-		ep.setDone(ErrClosed)
+		ep.setDone(errClosedHere)
 		ep.poller.wake()
 		<-ep.pollDone
 	})

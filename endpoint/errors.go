@@ -10,9 +10,12 @@ import (
 
 // Errors callers match with errors.Is.
 var (
-	// ErrClosed: the endpoint was closed, or the connection ended, before
-	// the work request completed. It matches net.ErrClosed too.
-	ErrClosed = fmt.Errorf("endpoint: closed: %w", net.ErrClosed)
+	// ErrClosed: the endpoint was closed, or its connection ended (the
+	// peer left), before the work request completed. Only an error that
+	// this side's Close caused matches net.ErrClosed too: net keeps that
+	// for a conn its own side closed, and code written for net ignores it
+	// after its own Close, so a peer's leaving must not look like one.
+	ErrClosed = errors.New("endpoint: closed")
 	// ErrQueueFull: every send (or receive) queue slot holds a posted work
 	// request. Post* never waits: read Completions, then post again.
 	ErrQueueFull = errors.New("endpoint: queue full: wait for a completion before posting more")
@@ -30,6 +33,10 @@ var (
 	// matches ErrNotSupported.
 	ErrNoAtomics = fmt.Errorf("%w: no atomic operations (atomic_cap is IBV_ATOMIC_NONE)", ErrNotSupported)
 )
+
+// errClosedHere is ErrClosed as this side's Close causes it: it matches
+// net.ErrClosed too.
+var errClosedHere = fmt.Errorf("%w: %w", ErrClosed, net.ErrClosed)
 
 // Status is the device's status of a work request that failed: the value
 // of libibverbs' enum ibv_wc_status.
@@ -54,7 +61,8 @@ func (s Status) String() string { return verbs.WCStatus(s).String() }
 // CompletionError is a work request the device completed with an error.
 // A flushed request (the QP went to the error state: Close, or the peer
 // left) also matches ErrClosed, and so does one that failed after this
-// side's Close began, whatever its status.
+// side's Close began, whatever its status; that one matches net.ErrClosed
+// too.
 type CompletionError struct {
 	Op        Op
 	Status    Status
@@ -68,10 +76,13 @@ func (e *CompletionError) Error() string {
 	return fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
 }
 
-// Unwrap makes a flushed request, or one that failed during Close, match
-// ErrClosed.
+// Unwrap makes a flushed request match ErrClosed, and one that failed
+// during Close match net.ErrClosed as well.
 func (e *CompletionError) Unwrap() error {
-	if e.Status == StatusFlushed || e.closing {
+	switch {
+	case e.closing:
+		return errClosedHere
+	case e.Status == StatusFlushed:
 		return ErrClosed
 	}
 	return nil

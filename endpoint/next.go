@@ -80,7 +80,7 @@ func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
 
 func delivered(c Completion, ok bool) (Completion, error) {
 	if !ok {
-		return Completion{}, ErrClosed
+		return Completion{}, errClosedHere
 	}
 	return c, nil
 }
@@ -205,6 +205,7 @@ func init() {
 	seam.KickDone = func(ep any) { ep.(*Endpoint).poller.waiting.Add(-1) }
 	seam.SendsCompleteLocally = func(ep any) bool { return ep.(*Endpoint).dev.IWARP }
 	seam.AwaitEnd = func(ep any) { ep.(*Endpoint).awaitEnd() }
+	seam.ErrClosedHere = errClosedHere
 }
 
 // progressFor is seam.Progress: a Next for a handler-mode endpoint, whose
@@ -215,7 +216,7 @@ func (ep *Endpoint) progressFor(ctx context.Context, mark uint64) error {
 	ep.poller.nextCalls.Add(1)
 	_, got, err := ep.await(ctx, mark)
 	if !got && err == nil {
-		return ErrClosed // closing: the completion goroutine handles what is left
+		return errClosedHere // closing: the completion goroutine handles what is left
 	}
 	return err
 }

@@ -77,7 +77,7 @@ func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.retired {
-		return ErrClosed
+		return errClosedHere
 	}
 	if len(s.slots.free) == 0 {
 		return ErrQueueFull
@@ -103,7 +103,7 @@ func (s *SRQ) attach() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.retired {
-		return ErrClosed
+		return errClosedHere
 	}
 	s.users++
 	return nil
@@ -143,7 +143,7 @@ func (s *SRQ) Destroy() ([]Completion, error) {
 	for i := range s.slots.slots {
 		if s.slots.slots[i].used {
 			sl := s.slots.release(uint32(i))
-			pending = append(pending, Completion{Context: sl.ctx, Op: OpRecv, Buffer: sl.buf, Err: ErrClosed})
+			pending = append(pending, Completion{Context: sl.ctx, Op: OpRecv, Buffer: sl.buf, Err: errClosedHere})
 		}
 	}
 	return pending, err

@@ -510,7 +510,9 @@ func TestIPv6(t *testing.T) {
 }
 
 // TestPeerDisconnect: when the client closes, the server's Done fires and
-// its posted receives come back with ErrClosed, exactly once each.
+// its posted receives come back with ErrClosed, exactly once each. The
+// server's errors do not match net.ErrClosed, which only the client's own
+// posts get after its Close.
 func TestPeerDisconnect(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -521,16 +523,22 @@ func TestPeerDisconnect(t *testing.T) {
 		require.NoError(t, p.server.PostRecv(i, b))
 	}
 	require.NoError(t, p.client.Close())
+	err := p.client.PostSend(nil, nil, 0) // after Close, any request is refused so
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.ErrorIs(t, err, net.ErrClosed, "this side closed")
+	require.ErrorIs(t, p.client.Err(), net.ErrClosed)
 	select {
 	case <-p.server.Done():
 	case <-ctx.Done():
 		t.Fatal("server never noticed the disconnect")
 	}
 	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
+	require.NotErrorIs(t, p.server.Err(), net.ErrClosed, "the peer closed, not this side")
 	seen := map[any]int{}
 	for range 8 {
 		c := next(t, p.server)
 		require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+		require.NotErrorIs(t, c.Err, net.ErrClosed)
 		seen[c.Context]++
 		require.NoError(t, pool.Put(c.Buffer))
 	}

@@ -297,6 +297,9 @@ func TestClientKilledMidStream(t *testing.T) {
 	require.ErrorIs(t, dataErr, cm.ErrPeerDisconnected)
 	require.ErrorIs(t, dataConn.Err(), cm.ErrPeerDisconnected)
 	require.ErrorIs(t, writeEP.Err(), cm.ErrPeerDisconnected)
+	for _, err := range []error{dataErr, dataConn.Err(), writeEP.Err()} {
+		require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
+	}
 	dataConn.Close()
 	closeAndDrain(t, writeEP)
 	require.NoError(t, region.Close())

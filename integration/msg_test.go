@@ -1295,8 +1295,10 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 
 // TestMsgOrderlyCloseIsEOF: a peer that closes in order says goodbye, so
 // the reader gets every message sent before Close, then io.EOF; the
-// connection's error is ErrPeerClosed (matching ErrClosed), and sending
-// fails with it. (TestClientKilledMidStream checks that a crash is not EOF.)
+// connection's error is ErrPeerClosed (matching ErrClosed, not
+// net.ErrClosed, which is for this side's Close), and sending fails with
+// it. On the closing side, calls fail with net.ErrClosed.
+// (TestClientKilledMidStream checks that a crash is not EOF.)
 func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -1307,9 +1309,20 @@ func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	_, err = server.Recv(ctx)
 	require.Equal(t, io.EOF, err, "and again")
 	require.ErrorIs(t, server.Err(), msg.ErrPeerClosed)
-	require.ErrorIs(t, server.Err(), net.ErrClosed)
-	require.ErrorIs(t, server.Send(ctx, []byte("late")), msg.ErrClosed)
-	require.ErrorIs(t, client.Send(ctx, []byte("after Close")), msg.ErrClosed)
+	require.NotErrorIs(t, server.Err(), net.ErrClosed, "net.ErrClosed is for this side's Close")
+	err = server.Send(ctx, []byte("late"))
+	require.ErrorIs(t, err, msg.ErrPeerClosed)
+	require.NotErrorIs(t, err, net.ErrClosed)
+	for _, err := range []error{client.Send(ctx, []byte("after Close")), client.Err(), recvErr(ctx, client)} {
+		require.ErrorIs(t, err, msg.ErrClosed)
+		require.ErrorIs(t, err, net.ErrClosed, "after this side's Close")
+	}
+}
+
+// recvErr is the error of a Recv on c.
+func recvErr(ctx context.Context, c *msg.Conn) error {
+	_, err := c.Recv(ctx)
+	return err
 }
 
 // TestMsgCloseWhileThePeerReads: Close right after the last Send, while

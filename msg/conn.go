@@ -16,8 +16,11 @@ import (
 	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
-// ErrClosed is returned after the connection ended. It matches
-// endpoint.ErrClosed and net.ErrClosed.
+// ErrClosed is matched by every error of a connection that ended, whoever
+// ended it (it is endpoint.ErrClosed). Only the errors that this side's
+// Close caused match net.ErrClosed too, as a closed net.Conn's do: a peer
+// that left gives ErrPeerClosed, ErrPeerSilent or cm.ErrPeerDisconnected,
+// which code written for net must not take for its own Close.
 var ErrClosed = endpoint.ErrClosed
 
 // ErrPeerSilent ends a connection whose peer sent nothing, not even a
@@ -596,10 +599,11 @@ func (c *Conn) fail(err error) {
 	}
 }
 
-// Close ends the connection: pending Sends and Recvs return ErrClosed, and
-// everything is freed once messages already handed out are released. It
-// first says goodbye and lets the messages sent so far leave, so that the
-// peer reads them all and then io.EOF. The goodbye goes on a credit that
+// Close ends the connection: pending Sends and Recvs return an error
+// matching ErrClosed and net.ErrClosed, and everything is freed once
+// messages already handed out are released. It first says goodbye and lets
+// the messages sent so far leave, so that the peer reads them all and then
+// io.EOF. The goodbye goes on a credit that
 // messages of data never take (dataReserve), so a peer whose application
 // holds every message it was sent still gets it. Bytes the stream holds
 // back (rdmanet's writes) go before it and need a credit of data: Close
@@ -609,7 +613,7 @@ func (c *Conn) fail(err error) {
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
-		c.fail(ErrClosed)
+		c.fail(seam.ErrClosedHere)
 		errs := []error{c.ep.Close()}
 		if c.delivered != nil { // awaitDelivery gave up: the read's buffer comes back flushed
 			c.sendPool.Put((<-c.delivered).Buffer)
@@ -860,7 +864,7 @@ func (c *Conn) awaitArrival(ctx context.Context) (arrival, error) {
 func (c *Conn) endForReader() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.peerClosed && !errors.Is(c.err, ErrClosed) {
+	if c.peerClosed && !errors.Is(c.err, net.ErrClosed) {
 		return ErrPeerClosed
 	}
 	return c.err
@@ -982,8 +986,8 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 		return b, nil
 	case c.Err() != nil:
 		return nil, c.Err()
-	case errors.Is(err, bufpool.ErrClosed):
-		return nil, ErrClosed
+	case errors.Is(err, bufpool.ErrClosed): // Close closed the pool
+		return nil, seam.ErrClosedHere
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	}
@@ -1058,7 +1062,7 @@ func (c *Conn) send(ctx context.Context, typ Type, id uint64, head, payload []by
 func (c *Conn) refuseLocked() error {
 	switch {
 	case c.closing:
-		return ErrClosed
+		return seam.ErrClosedHere
 	case c.writeClosed.Load():
 		return ErrWriteClosed
 	}

@@ -14,8 +14,9 @@ import (
 )
 
 // TestPeerEndedErrorKeepsNetsMeaning: the error of a connection the peer
-// ended matches TCP's errno and its cause's errors, never the errors of a
-// local close, which its cause matches too.
+// ended matches TCP's errno and its cause's errors (msg.ErrClosed among
+// them: the connection is over), never net.ErrClosed, which only a local
+// close gives, in its matching or its text.
 func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
 	crash := fmt.Errorf("msg: receive: %w", &endpoint.CompletionError{Op: endpoint.OpRecv, Status: endpoint.StatusFlushed})
 	for _, tc := range []struct {
@@ -23,7 +24,7 @@ func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
 		errno syscall.Errno
 	}{
 		{cm.ErrPeerDisconnected, syscall.ECONNRESET},
-		{msg.ErrPeerSilent, syscall.ECONNRESET},
+		{fmt.Errorf("%w for 1s: %w", msg.ErrPeerSilent, msg.ErrClosed), syscall.ECONNRESET}, // as the keepalive ends a connection
 		{crash, syscall.ECONNRESET},
 		{msg.ErrPeerClosed, syscall.EPIPE},
 	} {
@@ -31,7 +32,7 @@ func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
 		require.ErrorIs(t, err, tc.errno, "%v", tc.cause)
 		require.ErrorIs(t, err, tc.cause)
 		require.NotErrorIs(t, err, net.ErrClosed, "%v", tc.cause)
-		require.NotErrorIs(t, err, msg.ErrClosed, "%v", tc.cause)
+		require.ErrorIs(t, err, msg.ErrClosed, "%v", tc.cause)
 		require.Contains(t, err.Error(), tc.errno.Error())
 		require.NotContains(t, err.Error(), net.ErrClosed.Error(), "the text says no local close either")
 		require.False(t, err.(net.Error).Timeout())

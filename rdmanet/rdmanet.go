@@ -362,13 +362,13 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	return nil
 }
 
-// closedError is op's error once Close was called (nil before): the
-// *net.OpError wrapping net.ErrClosed that a closed TCP conn gives.
+// closedError is op's error once Close was called (nil before): a
+// *net.OpError matching net.ErrClosed, as a closed TCP conn's does.
 func (c *Conn) closedError(op string) error {
 	if !c.shut.Load() {
 		return nil
 	}
-	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: msg.ErrClosed}
+	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: seam.ErrClosedHere}
 }
 
 // begin is the context of a step of op that d's deadline bounds; once the
@@ -385,13 +385,16 @@ func (c *Conn) begin(d *deadline, op string) (context.Context, error) {
 // opError wraps err, the error of a call that waited on ctx, in a
 // *net.OpError. ctx is a deadline's, which ends only when the deadline
 // passes: then the error is os.ErrDeadlineExceeded (a Timeout). The end of
-// the connection gives an error matching net.ErrClosed when this side
-// closed it, and a peerEndedError otherwise.
+// the connection gives an error matching net.ErrClosed once this side
+// closed it (whoever ended it first, as net's conns do), and a
+// peerEndedError before.
 func (c *Conn) opError(op string, err error, ctx context.Context) error {
 	switch {
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		err = os.ErrDeadlineExceeded
-	case errors.Is(err, net.ErrClosed) && !c.shut.Load():
+	case errors.Is(err, msg.ErrClosed) && c.shut.Load():
+		err = seam.ErrClosedHere
+	case errors.Is(err, msg.ErrClosed):
 		err = newPeerEndedError(err)
 	}
 	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
@@ -400,11 +403,11 @@ func (c *Conn) opError(op string, err error, ctx context.Context) error {
 // peerEndedError is a call's error on a Conn that the peer or the link
 // ended while this side had not closed it. It matches the errno a TCP
 // conn gives then (syscall.EPIPE after the peer's orderly Close,
-// syscall.ECONNRESET otherwise) and what its cause says why with
+// syscall.ECONNRESET otherwise) and what its cause matches
 // (msg.ErrPeerClosed, msg.ErrPeerSilent, cm.ErrPeerDisconnected, a
-// *endpoint.CompletionError), but not net.ErrClosed nor msg.ErrClosed:
-// net keeps those for a conn this side closed, and code that ignores
-// them after its own Close would take a crash for one.
+// *endpoint.CompletionError, msg.ErrClosed), which is never net.ErrClosed:
+// net keeps that for a conn this side closed, and code that ignores it
+// after its own Close would take a crash for one.
 type peerEndedError struct {
 	errno syscall.Errno
 	cause error
@@ -417,27 +420,17 @@ func newPeerEndedError(cause error) *peerEndedError {
 	return &peerEndedError{errno: syscall.ECONNRESET, cause: cause}
 }
 
-// Error is the errno's text, then the cause's without the local close it
-// wraps ("use of closed network connection"), which this error does not
-// stand for.
+// Error is the errno's text, then the cause's without the "closed" of
+// msg.ErrClosed it ends with, which says nothing the errno does not.
 func (e *peerEndedError) Error() string {
 	return e.errno.Error() + ": " + strings.TrimSuffix(e.cause.Error(), ": "+msg.ErrClosed.Error())
 }
 
-// Is matches the errno, and what the cause matches but the errors of a
-// local close.
-func (e *peerEndedError) Is(target error) bool {
-	switch target {
-	case e.errno:
-		return true
-	case net.ErrClosed, msg.ErrClosed:
-		return false
-	}
-	return errors.Is(e.cause, target)
-}
+// Is matches the errno; errors.Is goes on to the cause (Unwrap).
+func (e *peerEndedError) Is(target error) bool { return target == e.errno }
 
-// As finds target's type in the cause.
-func (e *peerEndedError) As(target any) bool { return errors.As(e.cause, target) }
+// Unwrap is the cause.
+func (e *peerEndedError) Unwrap() error { return e.cause }
 
 // Listener accepts rdmanet connections. It implements net.Listener.
 type Listener struct {

@@ -224,6 +224,10 @@ var (
 	// first: for a caller that saw a work request fail, or a post refused,
 	// as the connection ended, and wants the reason (the peer left, ...).
 	AwaitEnd func(ep any)
+	// ErrClosedHere is endpoint.ErrClosed as this side's Close causes
+	// it: it matches net.ErrClosed too, which the end of a connection
+	// the peer caused does not.
+	ErrClosedHere error
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
