@@ -482,11 +482,11 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 
 // Err says why Done closed (nil while the connection is up): after Close,
 // an error matching ErrClosed and net.ErrClosed; when the peer left, one
-// matching ErrClosed but not net.ErrClosed; or the
-// *CompletionError of a work request that failed and took the connection
-// down with it (on RC, a failed work request moves the QP to the error
-// state; Done then closes within 100 ms, unless the CM says first that
-// the peer left). Once Done is closed, posts are refused with this error.
+// matching ErrClosed but not net.ErrClosed; or the *CompletionError of a
+// work request that failed and took the connection down with it (on RC, a
+// failed work request moves the QP to the error state; Done then closes
+// within 100 ms, unless the CM says first that the peer left). Once Done is
+// closed, posts are refused with this error.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p

@@ -1547,6 +1547,43 @@ func TestMsgConnOneSided(t *testing.T) {
 	}
 }
 
+// TestOneSidedOpsWhenThePeerCloses: RDMA READs in a loop while the peer
+// closes. The read the end catches (refused, or flushed once msg has
+// closed the endpoint itself) and every one after it fail with an error
+// saying the connection ended, matching msg.ErrClosed, and never
+// net.ErrClosed: this side did not close (nor did it end the connection
+// with its own Close later).
+func TestOneSidedOpsWhenThePeerCloses(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	region, err := bufpool.NewRegion(server.PD(), 1<<20, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	closed := make(chan error, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		closed <- server.Close()
+	}()
+	buf := make([]byte, len(region.Bytes()))
+	reads := 0
+	for ; ; reads++ {
+		if err = client.ReadRemote(ctx, region.Remote(), buf); err != nil {
+			break
+		}
+	}
+	require.NoError(t, <-closed)
+	t.Logf("%d reads, then %v", reads, err)
+	for range 2 { // the failed read, then one after the end
+		require.ErrorIs(t, err, msg.ErrClosed, "the connection ended")
+		require.NotErrorIs(t, err, net.ErrClosed, "this side did not close")
+		err = client.ReadRemote(ctx, region.Remote(), buf)
+	}
+	require.NoError(t, client.Close())
+	err = client.ReadRemote(ctx, region.Remote(), buf)
+	require.ErrorIs(t, err, msg.ErrPeerClosed, "after Close too, the connection's error is the peer's, which came first")
+}
+
 // TestAcceptingSideWaitsForTheDialer: the accepting side of a msg
 // connection sends nothing before the dialer has (iWARP forbids the
 // passive side to speak first; msg's dialer greets as soon as it is

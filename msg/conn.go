@@ -574,13 +574,32 @@ func (c *Conn) closeEndpointLocked() {
 	}
 }
 
+// errEndUnexplained ends a connection that this side did not close and
+// whose end nothing explained in time: its queue pair failed (the device
+// flushed its work), and the CM did not say why within the endpoint's
+// grace. msg then closes the endpoint itself, which the endpoint reports as
+// a Close of this side's; the application's Close it was not, and it must
+// not read as one (net.ErrClosed).
+var errEndUnexplained = fmt.Errorf("msg: the connection ended, its queue pair failed, and the CM gave no reason: %w", ErrClosed)
+
+// notClosedHereLocked is err as the application sees it: it matches
+// net.ErrClosed only once the application's Close began (closing), not for
+// the endpoint's end that msg made itself; c.mu is held.
+func (c *Conn) notClosedHereLocked(err error) error {
+	if !c.closing && errors.Is(err, net.ErrClosed) {
+		return errEndUnexplained
+	}
+	return err
+}
+
 // fail ends the connection with err (the first error wins) and closes the
 // endpoint: posted work flushes back to handle, which frees it.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	first := c.err == nil
 	if first {
-		c.err = err
+		c.err = c.notClosedHereLocked(err)
+		err = c.err
 		close(c.done)
 		c.signal()
 		c.wakeControl()
@@ -603,13 +622,12 @@ func (c *Conn) fail(err error) {
 // matching ErrClosed and net.ErrClosed, and everything is freed once
 // messages already handed out are released. It first says goodbye and lets
 // the messages sent so far leave, so that the peer reads them all and then
-// io.EOF. The goodbye goes on a credit that
-// messages of data never take (dataReserve), so a peer whose application
-// holds every message it was sent still gets it. Bytes the stream holds
-// back (rdmanet's writes) go before it and need a credit of data: Close
-// waits at most a second for one, and if the peer holds every message that
-// long, it sees an error instead. Idempotent: every call returns the first
-// one's result.
+// io.EOF. The goodbye goes on a credit that messages of data never take
+// (dataReserve), so a peer whose application holds every message it was
+// sent still gets it. Bytes the stream holds back (rdmanet's writes) go
+// before it and need a credit of data: Close waits at most a second for
+// one, and if the peer holds every message that long, it sees an error
+// instead. Idempotent: every call returns the first one's result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()

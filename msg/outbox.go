@@ -161,11 +161,13 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	if errors.Is(err, endpoint.ErrClosed) {
 		// The endpoint has ended, or msg is closing it after a flush:
 		// the connection's error, else the endpoint's reason, says why.
-		if connErr := c.Err(); connErr != nil {
-			err = connErr
+		c.mu.Lock()
+		if c.err != nil {
+			err = c.err
 		} else if epErr := c.ep.Err(); epErr != nil {
-			err = epErr
+			err = c.notClosedHereLocked(epErr)
 		}
+		c.mu.Unlock()
 		return refused, err
 	}
 	c.fail(c.refusalError(len(batch), err))

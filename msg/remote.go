@@ -3,6 +3,7 @@ package msg
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -119,6 +120,13 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	if reads {
 		c.mu.Lock()
 		c.reading--
+		c.mu.Unlock()
+	}
+	if errors.Is(err, endpoint.ErrClosed) {
+		// The connection ended under it: say why, as its other calls do.
+		err = c.endError(r.Op.String(), err)
+		c.mu.Lock()
+		err = c.notClosedHereLocked(err)
 		c.mu.Unlock()
 	}
 	if err != nil {
