@@ -339,7 +339,10 @@ func (s *sender) drain(cq *verbs.CQ, d time.Duration) {
 // ReadFrom or JoinGroup. A datagram longer than MTU is refused
 // (ErrMessageTooLarge) and an address with no path (ErrNoPath), before
 // anything is sent. It returns once the datagram is posted; it waits only
-// for a free send slot, until the write deadline.
+// for a free send slot, until the write deadline. Once a write has seen
+// the device fail an earlier send (the queue pair is then broken), it and
+// every write after it fail with an error matching endpoint.ErrClosed but
+// not net.ErrClosed: the Conn can send no more, but only Close closes it.
 func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	m := [1]Message{{Buf: p, Addr: addr}}
 	if _, err := c.writeBatch(m[:]); err != nil {
