@@ -19,11 +19,12 @@ import (
 // behind when no credit is free, or, when the peer reads as a stream too,
 // when half its receives or more hold messages it has not given back
 // (holdingLocked); the message leaves with the credits the peer returns,
-// posted by whoever sees them first: a write, or the control loop. Only a write that finds the open message full
-// waits, and only for a credit. This is what TCP does with bytes its peer's
-// window will not take yet, and for the same reason: each message costs a
-// receive, a credit and a doorbell whatever its size, so a reader that is
-// behind gets the bytes of many writes in one message.
+// posted by whoever sees them first: a write, or the control loop. Only a
+// write that finds the open message full waits, and only for a credit. This
+// is what TCP does with bytes its peer's window will not take yet, and for
+// the same reason: each message costs a receive, a credit and a doorbell
+// whatever its size, so a reader that is behind gets the bytes of many
+// writes in one message.
 //
 // The open message and its state are under c.mu; only one write runs at a
 // time (the caller serializes them). stream.buf is the open message's send
