@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"syscall"
@@ -120,14 +121,16 @@ func (ep *Endpoint) takeEvent() bool {
 	return true
 }
 
-// markClosing starts closing: first the waiters' flag (wakeWaiters), then
-// the completion goroutine's (ep.closing), in that order. The completion
-// goroutine acks the CQ events taken so far once it sees ep.closing and
-// nothing is owed, and lets go of the role; a caller of Next that then
-// took the role and an event would leave it unacked, and destroying the
-// CQ would wait for that ack forever. Callers look at their flag before
-// each wait, so with it set first, none waits once the acks are final.
-func (ep *Endpoint) markClosing() {
+// startClosing starts closing with cause (closedHere): first the waiters'
+// flag (wakeWaiters), then the completion goroutine's (ep.closing), in that
+// order. The first cause holds. The completion goroutine acks the CQ events
+// taken so far once it sees ep.closing and nothing is owed, and lets go of
+// the role; a caller of Next that then took the role and an event would
+// leave it unacked, and destroying the CQ would wait for that ack forever.
+// Callers look at their flag before each wait, so with it set first, none
+// waits once the acks are final.
+func (ep *Endpoint) startClosing(cause error) {
+	ep.closedBy.CompareAndSwap(nil, &cause)
 	ep.wakeWaiters()
 	ep.mu.Lock()
 	ep.closing = true
@@ -181,8 +184,7 @@ func (ep *Endpoint) pollFor(want bool) (n int, c Completion, handed bool) {
 	}
 	ep.poller.mu.Unlock()
 	if err != nil {
-		ep.cfg.Logger.Error().Err(err).Msg("polling the CQ; closing the endpoint")
-		ep.markClosing()
+		ep.failHere("polling the CQ", err)
 		ep.poller.wake()
 	}
 	return n, c, handed
@@ -335,8 +337,11 @@ func (ep *Endpoint) signalProgress() {
 // than a flush when the connection is torn down). ep.mu is held: Close
 // sets closing under it before it disconnects.
 func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
-	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr, closing: ep.closing}
-	if err.Status != StatusFlushed && !err.closing && ep.failing == nil {
+	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr}
+	if ep.closing {
+		err.closedBy = ep.closedHere()
+	}
+	if err.Status != StatusFlushed && err.closedBy == nil && ep.failing == nil {
 		ep.failing = time.AfterFunc(failureGrace, func() { ep.setDone(err) })
 	}
 	return err
@@ -385,16 +390,17 @@ func (ep *Endpoint) teardown() {
 	if ep.srq != nil {
 		ep.srq.detach()
 	}
+	closed := ep.closedHere()
 	ep.mu.Lock()
 	ep.queue.mu.Lock()
 	for ep.sendFIFO.count > 0 {
 		s := ep.sends.release(ep.sendFIFO.pop())
-		ep.output(Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: errClosedHere, to: s.notify})
+		ep.output(Completion{Context: s.ctx, Op: s.op, Buffer: s.buf, Err: closed, to: s.notify})
 	}
 	for i := range ep.recvs.slots {
 		if ep.recvs.slots[i].used {
 			s := ep.recvs.release(uint32(i))
-			ep.output(Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: errClosedHere, to: s.notify})
+			ep.output(Completion{Context: s.ctx, Op: OpRecv, Buffer: s.buf, Err: closed, to: s.notify})
 		}
 	}
 	ep.queue.closed = true
@@ -563,4 +569,15 @@ func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeou
 	case <-*giveUp:
 		return false
 	}
+}
+
+// failHere ends the endpoint after what (polling the CQ, waiting on its
+// channel) failed with err: it closes, and Done and every error the close
+// causes say why, matching ErrClosed but not net.ErrClosed, since the
+// application did not close it. Close still frees it.
+func (ep *Endpoint) failHere(what string, err error) {
+	ep.cfg.Logger.Error().Err(err).Msgf("%s; closing the endpoint", what)
+	cause := fmt.Errorf("%w: %s failed: %w", ErrClosed, what, err)
+	ep.startClosing(cause)
+	ep.setDone(ep.closedHere())
 }

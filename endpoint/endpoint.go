@@ -138,6 +138,7 @@ type Endpoint struct {
 	handled   []Completion
 
 	pollDone chan struct{}
+	closedBy atomic.Pointer[error] // closedHere's cause, set once before closing
 	closeErr error
 	onClose  func() error
 
@@ -348,7 +349,7 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 			if ep.closing {
 				// This side's Close came first: its own disconnect is what
 				// the CM reports (iWARP does, to the side that closes).
-				cause = errClosedHere
+				cause = ep.closedHere()
 			}
 			ep.mu.Unlock()
 			ep.setDone(cause)
@@ -477,16 +478,18 @@ func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
 // not read are dropped and their buffers put back in their pools.
 func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
 
-// Done is closed when the connection has ended: Close, or the peer left.
+// Done is closed when the connection has ended: Close, the peer left, or
+// the endpoint failed (Err says which).
 func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 
 // Err says why Done closed (nil while the connection is up): after Close,
-// an error matching ErrClosed and net.ErrClosed; when the peer left, one
-// matching ErrClosed but not net.ErrClosed; or the *CompletionError of a
-// work request that failed and took the connection down with it (on RC, a
-// failed work request moves the QP to the error state; Done then closes
-// within 100 ms, unless the CM says first that the peer left). Once Done is
-// closed, posts are refused with this error.
+// an error matching ErrClosed and net.ErrClosed; when the peer left, or
+// polling the CQ or waiting on its channel failed (the endpoint then
+// closes itself), one matching ErrClosed but not net.ErrClosed; or the
+// *CompletionError of a work request that failed and took the connection
+// down with it (on RC, a failed work request moves the QP to the error
+// state; Done then closes within 100 ms, unless the CM says first that the
+// peer left). Once Done is closed, posts are refused with this error.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
@@ -540,11 +543,18 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // context with an error matching ErrClosed, and destroys the QP, CQ and
 // channel, then the connection id. Safe to call many times and
 // concurrently with posts; every call returns the same result.
-func (ep *Endpoint) Close() error {
+func (ep *Endpoint) Close() error { return ep.closeWith(errClosedHere) }
+
+// closeWith is Close, which reports cause (it matches ErrClosed) as why
+// the endpoint ended and in every error the close causes: package msg
+// closes its endpoint with its connection's error (seam.CloseEndpoint), so
+// that only the application's Close reads as net.ErrClosed. The first
+// close's cause holds.
+func (ep *Endpoint) closeWith(cause error) error {
 	ep.closeOnce.Do(func() {
-		ep.markClosing() // wakes the completion goroutine, or a caller of Next
-		ep.disconnect()  // posted work flushes back
-		ep.setDone(errClosedHere)
+		ep.startClosing(cause) // wakes the completion goroutine, or a caller of Next
+		ep.disconnect()        // posted work flushes back
+		ep.setDone(ep.closedHere())
 		ep.poller.wake()
 		<-ep.pollDone
 	})

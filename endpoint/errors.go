@@ -38,6 +38,16 @@ var (
 // net.ErrClosed too.
 var errClosedHere = fmt.Errorf("%w: %w", ErrClosed, net.ErrClosed)
 
+// closedHere is what this side's close of the endpoint reports (a post or
+// a Next after it, what it flushes): errClosedHere for Close, or the cause
+// a sibling package or a failure of the endpoint's own closed it with.
+func (ep *Endpoint) closedHere() error {
+	if p := ep.closedBy.Load(); p != nil {
+		return *p
+	}
+	return errClosedHere
+}
+
 // Status is the device's status of a work request that failed: the value
 // of libibverbs' enum ibv_wc_status.
 type Status uint32
@@ -68,7 +78,7 @@ type CompletionError struct {
 	Status    Status
 	VendorErr uint32
 
-	closing bool // it failed after Close began
+	closedBy error // the close it failed during (closedHere), nil before one began
 }
 
 // Error names the operation and the device's status.
@@ -77,11 +87,12 @@ func (e *CompletionError) Error() string {
 }
 
 // Unwrap makes a flushed request match ErrClosed, and one that failed
-// during Close match net.ErrClosed as well.
+// during Close match what that close reports (net.ErrClosed as well, for
+// Close itself).
 func (e *CompletionError) Unwrap() error {
 	switch {
-	case e.closing:
-		return errClosedHere
+	case e.closedBy != nil:
+		return e.closedBy
 	case e.Status == StatusFlushed:
 		return ErrClosed
 	}

@@ -64,7 +64,7 @@ func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
 	ep.poller.nextCalls.Add(1)
 	select {
 	case c, ok := <-ep.queue.out:
-		return delivered(c, ok)
+		return ep.delivered(c, ok)
 	default:
 	}
 	if c, got, err := ep.await(ctx, ep.poller.progress.Load()); got || err != nil {
@@ -72,15 +72,15 @@ func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
 	}
 	select {
 	case c, ok := <-ep.queue.out:
-		return delivered(c, ok)
+		return ep.delivered(c, ok)
 	case <-ctx.Done():
 		return Completion{}, ctx.Err()
 	}
 }
 
-func delivered(c Completion, ok bool) (Completion, error) {
+func (ep *Endpoint) delivered(c Completion, ok bool) (Completion, error) {
 	if !ok {
-		return Completion{}, errClosedHere
+		return Completion{}, ep.closedHere()
 	}
 	return c, nil
 }
@@ -119,7 +119,7 @@ func (ep *Endpoint) await(ctx context.Context, since uint64) (c Completion, got 
 		select {
 		case p.role <- struct{}{}:
 		case c, ok := <-ep.queue.out:
-			c, err = delivered(c, ok)
+			c, err = ep.delivered(c, ok)
 			return c, true, err
 		case <-ctx.Done():
 			return Completion{}, false, ctx.Err()
@@ -135,7 +135,7 @@ func (ep *Endpoint) await(ctx context.Context, since uint64) (c Completion, got 
 		}
 		select {
 		case c, ok := <-ep.queue.out:
-			c, err = delivered(c, ok)
+			c, err = ep.delivered(c, ok)
 			return c, true, err
 		default:
 		}
@@ -176,7 +176,7 @@ func (ep *Endpoint) spin(ctx context.Context, since uint64) (c Completion, got b
 		if len(ep.queue.out) > 0 || i%spinCheckEvery == 0 {
 			select {
 			case c, ok := <-ep.queue.out:
-				c, err = delivered(c, ok)
+				c, err = ep.delivered(c, ok)
 				return c, true, err
 			default:
 			}
@@ -206,6 +206,7 @@ func init() {
 	seam.SendsCompleteLocally = func(ep any) bool { return ep.(*Endpoint).dev.IWARP }
 	seam.AwaitEnd = func(ep any) { ep.(*Endpoint).awaitEnd() }
 	seam.ErrClosedHere = errClosedHere
+	seam.CloseEndpoint = func(ep any, cause error) error { return ep.(*Endpoint).closeWith(cause) }
 }
 
 // progressFor is seam.Progress: a Next for a handler-mode endpoint, whose
@@ -216,7 +217,7 @@ func (ep *Endpoint) progressFor(ctx context.Context, mark uint64) error {
 	ep.poller.nextCalls.Add(1)
 	_, got, err := ep.await(ctx, mark)
 	if !got && err == nil {
-		return errClosedHere // closing: the completion goroutine handles what is left
+		return ep.closedHere() // closing: the completion goroutine handles what is left
 	}
 	return err
 }

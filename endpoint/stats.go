@@ -79,7 +79,7 @@ func (ep *Endpoint) countPosted(sends []uint32, recvs int) {
 // countCompleted counts one completion; ep.mu is held.
 func (ep *Endpoint) countCompleted(err error) {
 	ep.stats.Completions++
-	if ce, ok := err.(*CompletionError); ok && ce.Status != StatusFlushed && !ce.closing {
+	if ce, ok := err.(*CompletionError); ok && ce.Status != StatusFlushed && ce.closedBy == nil {
 		ep.stats.Failed++
 		if ce.Status == StatusRNRRetryExc {
 			ep.stats.RNRRetryExceeded++

@@ -72,8 +72,7 @@ func (ep *Endpoint) checkWait(err error) bool {
 	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
-	ep.cfg.Logger.Error().Err(err).Msg("waiting on the completion channel; closing the endpoint")
-	ep.markClosing()
+	ep.failHere("waiting on the completion channel", err)
 	return true
 }
 

@@ -564,33 +564,29 @@ func (c *Conn) changes() <-chan struct{} {
 	return c.changed
 }
 
-// closeEndpointLocked starts the endpoint's Close, once, without waiting
-// for it: Close waits for the goroutine that polls the CQ, which may be
-// the caller (handle). Conn.Close waits for it. c.mu is held.
+// closeEndpointLocked starts the endpoint's close, once, without waiting
+// for it: closing waits for the goroutine that polls the CQ, which may be
+// the caller (handle). Conn.Close waits for it. The endpoint ends with the
+// connection's error, or errEndUnexplained before there is one, and so
+// does every work request it flushes: the endpoint's own Close would make
+// them match net.ErrClosed, which only the application's Close may cause.
+// c.mu is held.
 func (c *Conn) closeEndpointLocked() {
 	if !c.epClose {
 		c.epClose = true
-		c.epClosing.Go(func() { c.ep.Close() })
+		cause := c.err
+		if cause == nil {
+			cause = errEndUnexplained
+		}
+		c.epClosing.Go(func() { seam.CloseEndpoint(c.ep, cause) })
 	}
 }
 
 // errEndUnexplained ends a connection that this side did not close and
 // whose end nothing explained in time: its queue pair failed (the device
-// flushed its work), and the CM did not say why within the endpoint's
-// grace. msg then closes the endpoint itself, which the endpoint reports as
-// a Close of this side's; the application's Close it was not, and it must
-// not read as one (net.ErrClosed).
+// flushed a send), and the CM did not say why within the endpoint's grace.
+// msg then closes the endpoint with it, to flush the receives.
 var errEndUnexplained = fmt.Errorf("msg: the connection ended, its queue pair failed, and the CM gave no reason: %w", ErrClosed)
-
-// notClosedHereLocked is err as the application sees it: it matches
-// net.ErrClosed only once the application's Close began (closing), not for
-// the endpoint's end that msg made itself; c.mu is held.
-func (c *Conn) notClosedHereLocked(err error) error {
-	if !c.closing && errors.Is(err, net.ErrClosed) {
-		return errEndUnexplained
-	}
-	return err
-}
 
 // fail ends the connection with err (the first error wins) and closes the
 // endpoint: posted work flushes back to handle, which frees it.
@@ -598,8 +594,7 @@ func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	first := c.err == nil
 	if first {
-		c.err = c.notClosedHereLocked(err)
-		err = c.err
+		c.err = err
 		close(c.done)
 		c.signal()
 		c.wakeControl()

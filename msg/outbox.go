@@ -165,7 +165,7 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 		if c.err != nil {
 			err = c.err
 		} else if epErr := c.ep.Err(); epErr != nil {
-			err = c.notClosedHereLocked(epErr)
+			err = epErr
 		}
 		c.mu.Unlock()
 		return refused, err

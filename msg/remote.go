@@ -125,9 +125,6 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	if errors.Is(err, endpoint.ErrClosed) {
 		// The connection ended under it: say why, as its other calls do.
 		err = c.endError(r.Op.String(), err)
-		c.mu.Lock()
-		err = c.notClosedHereLocked(err)
-		c.mu.Unlock()
 	}
 	if err != nil {
 		return fmt.Errorf("msg: %v of %d bytes: %w", r.Op, n, err)

@@ -228,6 +228,12 @@ var (
 	// it: it matches net.ErrClosed too, which the end of a connection
 	// the peer caused does not.
 	ErrClosedHere error
+	// CloseEndpoint is ep's Close, but cause (which matches
+	// endpoint.ErrClosed) is why it ended (Err) and every error the close
+	// causes: flushed work, refused posts. Package msg closes the endpoint
+	// of a connection that failed with the connection's error, so that
+	// only the application's Close reads as net.ErrClosed.
+	CloseEndpoint func(ep any, cause error) error
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
