@@ -1297,7 +1297,8 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 // the reader gets every message sent before Close, then io.EOF; the
 // connection's error is ErrPeerClosed (matching ErrClosed, not
 // net.ErrClosed, which is for this side's Close), and sending fails with
-// it. On the closing side, calls fail with net.ErrClosed.
+// it. On the closing side, calls fail with net.ErrClosed, and so do the
+// other side's once it closes too, while its Err keeps the peer's reason.
 // (TestClientKilledMidStream checks that a crash is not EOF.)
 func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	ctx := testContext(t)
@@ -1317,6 +1318,13 @@ func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 		require.ErrorIs(t, err, msg.ErrClosed)
 		require.ErrorIs(t, err, net.ErrClosed, "after this side's Close")
 	}
+	// A side that closes after the peer did: its calls say it closed, as
+	// net's conns do, and Err still says the peer's Close came first.
+	require.NoError(t, server.Close())
+	for _, err := range []error{server.Send(ctx, []byte("after Close")), recvErr(ctx, server), server.CloseWrite()} {
+		require.ErrorIs(t, err, net.ErrClosed, "after this side's Close, whoever ended the connection first")
+	}
+	require.ErrorIs(t, server.Err(), msg.ErrPeerClosed)
 }
 
 // recvErr is the error of a Recv on c.
@@ -1384,7 +1392,9 @@ func TestMsgCloseWhileThePeerReads(t *testing.T) {
 // Keepalives are off, so nothing but the credit rule moves credits: the
 // client receives only replies and credit messages, and the server, left
 // with the credits it keeps for the protocol's messages, would wait for
-// ever if the client granted only on reaching half its receives.
+// ever if the client granted only on reaching half its receives. Once the
+// server closes, its reads fail with net.ErrClosed, not io.EOF, as a
+// closed net.Conn's do.
 func TestMsgCloseWrite(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -1420,6 +1430,9 @@ func TestMsgCloseWrite(t *testing.T) {
 	}
 	require.NoError(t, client.Err())
 	require.NoError(t, server.Err())
+	require.NoError(t, server.Close())
+	_, err := server.Recv(ctx)
+	require.ErrorIs(t, err, net.ErrClosed, "after this side's Close, not the peer's end of data (io.EOF)")
 }
 
 // TestMsgCloseWriteHeldBehindRendezvous: a peer's end of data that
@@ -1581,7 +1594,8 @@ func TestOneSidedOpsWhenThePeerCloses(t *testing.T) {
 	}
 	require.NoError(t, client.Close())
 	err = client.ReadRemote(ctx, region.Remote(), buf)
-	require.ErrorIs(t, err, msg.ErrPeerClosed, "after Close too, the connection's error is the peer's, which came first")
+	require.ErrorIs(t, err, net.ErrClosed, "after this side's Close, as net's conns answer, though the peer ended it first")
+	require.ErrorIs(t, client.Err(), msg.ErrPeerClosed, "Err keeps why the connection ended: the peer's Close came first")
 }
 
 // TestAcceptingSideWaitsForTheDialer: the accepting side of a msg

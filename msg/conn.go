@@ -613,16 +613,18 @@ func (c *Conn) fail(err error) {
 	}
 }
 
-// Close ends the connection: pending Sends and Recvs return an error
-// matching ErrClosed and net.ErrClosed, and everything is freed once
-// messages already handed out are released. It first says goodbye and lets
-// the messages sent so far leave, so that the peer reads them all and then
-// io.EOF. The goodbye goes on a credit that messages of data never take
-// (dataReserve), so a peer whose application holds every message it was
-// sent still gets it. Bytes the stream holds back (rdmanet's writes) go
-// before it and need a credit of data: Close waits at most a second for
-// one, and if the peer holds every message that long, it sees an error
-// instead. Idempotent: every call returns the first one's result.
+// Close ends the connection: pending and later calls return an error
+// matching ErrClosed and net.ErrClosed, as a closed net.Conn's do, even when
+// the peer had ended the connection first (Err still says why it ended), and
+// everything is freed once messages already handed out are released. It
+// first says goodbye and lets the messages sent so far leave, so that the
+// peer reads them all and then io.EOF. The goodbye goes on a credit that
+// messages of data never take (dataReserve), so a peer whose application
+// holds every message it was sent still gets it. Bytes the stream holds back
+// (rdmanet's writes) go before it and need a credit of data: Close waits at
+// most a second for one, and if the peer holds every message that long, it
+// sees an error instead. Idempotent: every call returns the first one's
+// result.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
@@ -852,7 +854,7 @@ func (c *Conn) awaitArrival(ctx context.Context) (arrival, error) {
 	case r := <-c.inbox:
 		return c.taken(r)
 	case <-c.eof:
-		return arrival{}, io.EOF
+		return arrival{}, c.endOfData()
 	case <-ctx.Done():
 		return arrival{}, ctx.Err()
 	case <-c.done:
@@ -877,10 +879,10 @@ func (c *Conn) awaitArrival(ctx context.Context) (arrival, error) {
 func (c *Conn) endForReader() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.peerClosed && !errors.Is(c.err, net.ErrClosed) {
+	if c.peerClosed && !c.closing {
 		return ErrPeerClosed
 	}
-	return c.err
+	return c.endedLocked()
 }
 
 // ready is what recv returns without waiting (ok): the next message in
@@ -897,10 +899,18 @@ func (c *Conn) ready() (r arrival, ok bool, err error) {
 	}
 	select {
 	case <-c.eof:
-		return arrival{}, true, io.EOF
+		return arrival{}, true, c.endOfData()
 	default:
 		return arrival{}, false, nil
 	}
+}
+
+// endOfData is a read's error once the peer's data has ended (CloseWrite):
+// io.EOF, unless this side's Close has begun.
+func (c *Conn) endOfData() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calledAfterCloseLocked(io.EOF)
 }
 
 // taken returns r, taken from the inbox, to recv's caller; the peer's
@@ -927,7 +937,7 @@ func (c *Conn) CloseWrite() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
-		return c.err
+		return c.endedLocked()
 	}
 	if !c.writeClosed.Swap(true) {
 		c.eofOwed = true
@@ -942,7 +952,7 @@ func (c *Conn) waitFor(ctx context.Context, ready func() bool) error {
 	c.mu.Lock()
 	for {
 		if c.err != nil {
-			err := c.err
+			err := c.endedLocked()
 			c.mu.Unlock()
 			return err
 		}
@@ -998,7 +1008,7 @@ func (c *Conn) sendBuffer(ctx context.Context) (*bufpool.Buffer, error) {
 	case err == nil:
 		return b, nil
 	case c.Err() != nil:
-		return nil, c.Err()
+		return nil, c.endedErr()
 	case errors.Is(err, bufpool.ErrClosed): // Close closed the pool
 		return nil, seam.ErrClosedHere
 	case ctx.Err() != nil:
@@ -1080,6 +1090,29 @@ func (c *Conn) refuseLocked() error {
 		return ErrWriteClosed
 	}
 	return nil
+}
+
+// endedLocked is what a call on the ended connection (c.err set) returns:
+// why it ended (Err), or, once this side's Close has begun, the error
+// net's conns give after Close (calledAfterCloseLocked). c.mu is held.
+func (c *Conn) endedLocked() error { return c.calledAfterCloseLocked(c.err) }
+
+// endedErr is endedLocked for a caller that does not hold c.mu.
+func (c *Conn) endedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endedLocked()
+}
+
+// calledAfterCloseLocked is err, the end of a call the connection's end
+// failed, unless this side's Close has begun: then it is the error that
+// matches net.ErrClosed, whoever ended the connection first, as net's
+// conns answer every call after Close. c.mu is held.
+func (c *Conn) calledAfterCloseLocked(err error) error {
+	if c.closing {
+		return seam.ErrClosedHere
+	}
+	return err
 }
 
 // sendMessage sends one message with the credit send took for it: it takes
@@ -1258,7 +1291,7 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []
 		if !p.lent {
 			region.Close()
 		}
-		return c.Err()
+		return c.endedErr()
 	}
 	c.nextRV++
 	rv := c.nextRV
@@ -1289,6 +1322,6 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []
 		if p.lent {
 			<-c.ep.Done() // the QP no longer answers the peer's reads
 		}
-		return c.Err()
+		return c.endedErr()
 	}
 }

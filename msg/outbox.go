@@ -163,7 +163,7 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 		// the connection's error, else the endpoint's reason, says why.
 		c.mu.Lock()
 		if c.err != nil {
-			err = c.err
+			err = c.endedLocked()
 		} else if epErr := c.ep.Err(); epErr != nil {
 			err = epErr
 		}
@@ -171,7 +171,7 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 		return refused, err
 	}
 	c.fail(c.refusalError(len(batch), err))
-	return refused, c.Err()
+	return refused, c.endedErr()
 }
 
 // refusalError is why a post the device refused ends the connection: the

@@ -82,7 +82,7 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-c.done:
-		return c.Err()
+		return c.endedErr()
 	}
 	defer func() { <-c.oneSidedSlots }()
 	// One-sided operations are messages on the wire too: the accepting
@@ -125,6 +125,9 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	if errors.Is(err, endpoint.ErrClosed) {
 		// The connection ended under it: say why, as its other calls do.
 		err = c.endError(r.Op.String(), err)
+		c.mu.Lock()
+		err = c.calledAfterCloseLocked(err)
+		c.mu.Unlock()
 	}
 	if err != nil {
 		return fmt.Errorf("msg: %v of %d bytes: %w", r.Op, n, err)

@@ -277,7 +277,7 @@ func (cl *Client) call(ctx context.Context, method string, req []byte, region *b
 				return cl.response(method, m)
 			default:
 			}
-			return nil, cl.c.Err()
+			return nil, cl.c.endedErr()
 		}
 	}
 }

@@ -114,7 +114,7 @@ func (c *Conn) appendStreamLocked(p []byte) error {
 	s.filling = false
 	c.streamMovedLocked()
 	if c.err != nil { // it ended during the copy: Close drops the message
-		err := c.err
+		err := c.endedLocked()
 		c.mu.Unlock()
 		return err
 	}
@@ -211,7 +211,7 @@ func (c *Conn) streamWaitLocked(ctx context.Context) error {
 // connection ended, or Close or CloseWrite was called; c.mu is held.
 func (c *Conn) streamRefusalLocked() error {
 	if c.err != nil {
-		return c.err
+		return c.endedLocked()
 	}
 	return c.refuseLocked()
 }
@@ -300,8 +300,9 @@ func (c *Conn) flushStream(ctx context.Context) error {
 	c.mu.Lock()
 	for !c.streamEmptyLocked() {
 		if c.err != nil {
+			err := c.endedLocked()
 			c.mu.Unlock()
-			return c.err
+			return err
 		}
 		if _, err := c.moveStreamLocked(ctx); err != nil {
 			return err
