@@ -139,8 +139,11 @@ type Endpoint struct {
 
 	pollDone chan struct{}
 	closedBy atomic.Pointer[error] // closedHere's cause, set once before closing
-	closeErr error
-	onClose  func() error
+	// calledClose: the application called Close (refusal), maybe after
+	// the endpoint had ended by itself.
+	calledClose atomic.Bool
+	closeErr    error
+	onClose     func() error
 
 	doneOnce sync.Once
 	done     chan struct{}
@@ -489,7 +492,8 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // *CompletionError of a work request that failed and took the connection
 // down with it (on RC, a failed work request moves the QP to the error
 // state; Done then closes within 100 ms, unless the CM says first that the
-// peer left). Once Done is closed, posts are refused with this error.
+// peer left). Once Done is closed, posts are refused with this error,
+// and after Close with one matching net.ErrClosed.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
@@ -542,8 +546,14 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // sends after the last signaled one owe none), completes each pending
 // context with an error matching ErrClosed, and destroys the QP, CQ and
 // channel, then the connection id. Safe to call many times and
-// concurrently with posts; every call returns the same result.
-func (ep *Endpoint) Close() error { return ep.closeWith(errClosedHere) }
+// concurrently with posts; every call returns the same result. Posts and
+// Next after it fail with an error matching net.ErrClosed, whatever ended
+// the endpoint first, as net's conns do after their Close; Err keeps why
+// it ended.
+func (ep *Endpoint) Close() error {
+	ep.calledClose.Store(true)
+	return ep.closeWith(errClosedHere)
+}
 
 // closeWith is Close, which reports cause (it matches ErrClosed) as why
 // the endpoint ended and in every error the close causes: package msg

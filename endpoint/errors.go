@@ -48,6 +48,17 @@ func (ep *Endpoint) closedHere() error {
 	return errClosedHere
 }
 
+// refusal is what a post or a Next refused because the endpoint is
+// closing reports: the local close error once the application called
+// Close, whatever ended the endpoint first (net's conns answer every call
+// after Close with net.ErrClosed), and the close's cause before that.
+func (ep *Endpoint) refusal() error {
+	if ep.calledClose.Load() {
+		return errClosedHere
+	}
+	return ep.closedHere()
+}
+
 // Status is the device's status of a work request that failed: the value
 // of libibverbs' enum ibv_wc_status.
 type Status uint32

@@ -49,3 +49,36 @@ func TestCompletionErrorsCarryTheClose(t *testing.T) {
 	require.True(t, errors.As(err, &ce))
 	require.Equal(t, StatusFlushed, ce.Status, "the device's status is kept")
 }
+
+// TestCallsAfterCloseAreNetErrClosed: once the application called Close,
+// a post and a Next fail with the local close error even when the endpoint
+// had ended by itself first (its CQ poll failed: failHere's cause), as
+// net's conns answer every call after Close; before Close they report
+// that cause, and Err keeps it after.
+func TestCallsAfterCloseAreNetErrClosed(t *testing.T) {
+	ep := &Endpoint{done: make(chan struct{})}
+	cause := fmt.Errorf("%w: polling the CQ failed: %w", ErrClosed, errors.New("injected"))
+	ep.closedBy.Store(&cause)
+	ep.closing = true
+	ep.setDone(ep.closedHere())
+
+	refusals := func() []error {
+		ep.mu.Lock()
+		post := ep.postLocked([]Request{{Op: OpSend}})
+		ep.mu.Unlock()
+		_, next := ep.delivered(Completion{}, false)
+		return []error{post, next}
+	}
+	for _, err := range refusals() {
+		require.ErrorIs(t, err, cause, "before Close: why the endpoint ended")
+		require.NotErrorIs(t, err, net.ErrClosed, "the application has not closed it")
+	}
+
+	ep.calledClose.Store(true) // what Close does first
+	for _, err := range refusals() {
+		require.ErrorIs(t, err, net.ErrClosed, "after Close")
+		require.ErrorIs(t, err, ErrClosed)
+	}
+	require.ErrorIs(t, ep.Err(), cause, "Err keeps why it ended")
+	require.NotErrorIs(t, ep.Err(), net.ErrClosed)
+}

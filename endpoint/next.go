@@ -80,7 +80,7 @@ func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
 
 func (ep *Endpoint) delivered(c Completion, ok bool) (Completion, error) {
 	if !ok {
-		return Completion{}, ep.closedHere()
+		return Completion{}, ep.refusal()
 	}
 	return c, nil
 }
@@ -217,7 +217,7 @@ func (ep *Endpoint) progressFor(ctx context.Context, mark uint64) error {
 	ep.poller.nextCalls.Add(1)
 	_, got, err := ep.await(ctx, mark)
 	if !got && err == nil {
-		return ep.closedHere() // closing: the completion goroutine handles what is left
+		return ep.refusal() // closing: the completion goroutine handles what is left
 	}
 	return err
 }

@@ -144,7 +144,7 @@ func (ep *Endpoint) PostBatch(reqs []Request) error {
 
 func (ep *Endpoint) postLocked(reqs []Request) error {
 	if ep.closing {
-		return ep.closedHere()
+		return ep.refusal()
 	}
 	if err := ep.failed(); err != nil {
 		return err
