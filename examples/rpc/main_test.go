@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,14 @@ func TestMetricsCountTheCalls(t *testing.T) {
 	}
 	_, err = cl.Call(ctx, "kv.get", []byte("nothing here"))
 	require.ErrorIs(t, err, msg.CodeNotFound)
+	// Two blobs larger than a buffer go by rendezvous: the server reads
+	// each into a region of its cache, mapped for the first and kept for
+	// the second.
+	blob := make([]byte, 500_000)
+	for range 2 {
+		_, err := cl.Call(ctx, "blob.put", blob)
+		require.NoError(t, err)
+	}
 
 	// The server counts a call once its answer has gone to the
 	// connection, which can be just after the caller has it.
@@ -58,8 +67,12 @@ func TestMetricsCountTheCalls(t *testing.T) {
 		text = scrape("http://" + metricsAddr + "/metrics")
 		return strings.Contains(text, "\nrdmacm_rpc_calls_in_flight 0\n")
 	}, 10*time.Second, 10*time.Millisecond, "every handler ends")
-	require.Contains(t, text, "\nrdmacm_rpc_calls_total 21\n")
+	require.Contains(t, text, "\nrdmacm_rpc_calls_total 23\n")
 	require.Contains(t, text, "\nrdmacm_rpc_call_errors_total 1\n")
+	require.GreaterOrEqual(t, metric(t, text, "rdmacm_rpc_conn_rendezvous_bytes_received"), float64(2*len(blob)),
+		"each request, method name and blob, read by rendezvous")
+	require.Contains(t, text, "\nrdmacm_rpc_conn_region_cache_misses 1\n")
+	require.Contains(t, text, "\nrdmacm_rpc_conn_region_cache_hits 1\n")
 	require.Contains(t, text, "\nrdmacm_rpc_connections 1\n")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_send_doorbells gauge")
 	require.Contains(t, text, "# TYPE rdmacm_rpc_conn_credit_asks_received gauge")
@@ -88,4 +101,16 @@ func scrape(url string) string {
 		return ""
 	}
 	return string(body)
+}
+
+// metric is the value of the sample named name in text, the Prometheus
+// text format.
+func metric(t *testing.T, text, name string) float64 {
+	t.Helper()
+	_, rest, ok := strings.Cut(text, "\n"+name+" ")
+	require.Truef(t, ok, "no sample %s in:\n%s", name, text)
+	line, _, _ := strings.Cut(rest, "\n")
+	v, err := strconv.ParseFloat(line, 64)
+	require.NoError(t, err)
+	return v
 }

@@ -35,6 +35,8 @@ var (
 		desc("conn_credit_waits", "Sends that waited for a credit, summed over the open connections."),
 		desc("conn_credit_asks_received", "Messages in which the client asked for credits (its data waited for credits the server had yet to grant), summed over the open connections."),
 		desc("conn_rendezvous_bytes_received", "Bytes received by rendezvous (RDMA READ), summed over the open connections."),
+		desc("conn_region_cache_hits", "Rendezvous regions the open connections took from their caches, kept registered from an earlier message."),
+		desc("conn_region_cache_misses", "Rendezvous regions the open connections mapped and registered anew."),
 		desc("conn_send_requests", "Work requests posted to the send queues of the open connections."),
 		desc("conn_send_doorbells", "Calls that posted them (one doorbell each)."),
 		desc("conn_completions", "Work completions of the open connections."),
@@ -56,12 +58,12 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(st.CallsInFlight))
 	ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(len(st.Conns)))
 	// Sums over the connections open now fall when one closes: gauges.
-	var sums [10]uint64
+	sums := make([]uint64, len(connDescs))
 	var rtt time.Duration
 	for _, s := range st.Conns {
 		rtt = max(rtt, s.KeepaliveRTT)
-		for i, v := range [10]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.CreditAsksReceived, s.RendezvousBytesReceived,
-			s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed, s.Endpoint.CQEvents} {
+		for i, v := range [...]uint64{s.MessagesSent, s.MessagesReceived, s.CreditWaits, s.CreditAsksReceived, s.RendezvousBytesReceived,
+			s.RegionCacheHits, s.RegionCacheMisses, s.Endpoint.SendRequests, s.Endpoint.SendDoorbells, s.Endpoint.Completions, s.Endpoint.Failed, s.Endpoint.CQEvents} {
 			sums[i] += v
 		}
 	}
