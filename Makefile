@@ -7,10 +7,13 @@ GO      ?= go
 RXEVM   := $(CURDIR)/bin/rxevm
 export CGO_ENABLED := 1
 
-.PHONY: all deps build vet test test-host test-rxe test-siw test-norace test-examples test-grpc test-fuzz test-wire demo bench clean
+.PHONY: all deps build vet test test-host test-rxe test-siw test-norace test-faults test-examples test-grpc test-fuzz test-wire demo bench clean
 
 # staticcheck comes through the Go module proxy at a pinned version.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+# The build tag of fault injection (internal/verbs/fault.go, test-faults).
+FAULTS := rdmacm_faultinject
 
 all: build
 
@@ -29,6 +32,8 @@ build: deps
 vet: deps
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) vet -tags $(FAULTS) ./internal/verbs ./integration
+	$(GO) run $(STATICCHECK) -tags $(FAULTS) ./internal/verbs ./integration
 	cd $(GRPC_EXAMPLE) && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
@@ -58,6 +63,12 @@ test-siw: build
 test-norace: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration
+
+# Failures no device produces on purpose (a CQ poll that fails), injected
+# through internal/verbs in a build with the FAULTS tag, on rxe0: the tests
+# named Injected exist only in that build.
+test-faults: build
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -tags $(FAULTS) -run Injected -v -exec $(RXEVM) ./integration
 
 # Two guests joined by a UDP link, rxe0 on each one's eth0: the same test
 # binary runs in both (guest 0 serves, guest 1 dials and injects netem faults).
@@ -90,7 +101,7 @@ test-fuzz: build
 test-grpc: build
 	cd $(GRPC_EXAMPLE) && RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./...
 
-test: vet test-host test-rxe test-siw test-norace test-examples test-grpc test-fuzz test-wire
+test: vet test-host test-rxe test-siw test-norace test-faults test-examples test-grpc test-fuzz test-wire
 
 # The echo, RPC and gRPC servers and clients, one after the other, over rxe0 (in
 # the testbed guest when this host has no RDMA device).

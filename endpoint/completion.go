@@ -123,14 +123,15 @@ func (ep *Endpoint) takeEvent() bool {
 
 // startClosing starts closing with cause (closedHere): first the waiters'
 // flag (wakeWaiters), then the completion goroutine's (ep.closing), in that
-// order. The first cause holds. The completion goroutine acks the CQ events
-// taken so far once it sees ep.closing and nothing is owed, and lets go of
-// the role; a caller of Next that then took the role and an event would
-// leave it unacked, and destroying the CQ would wait for that ack forever.
-// Callers look at their flag before each wait, so with it set first, none
-// waits once the acks are final.
-func (ep *Endpoint) startClosing(cause error) {
-	ep.closedBy.CompareAndSwap(nil, &cause)
+// order. The first cause holds; first says whether it is this call's. The
+// completion goroutine acks the CQ events taken so far once it sees
+// ep.closing and nothing is owed, and lets go of the role; a caller of Next
+// that then took the role and an event would leave it unacked, and
+// destroying the CQ would wait for that ack forever. Callers look at their
+// flag before each wait, so with it set first, none waits once the acks
+// are final.
+func (ep *Endpoint) startClosing(cause error) (first bool) {
+	first = ep.closedBy.CompareAndSwap(nil, &cause)
 	ep.wakeWaiters()
 	ep.mu.Lock()
 	ep.closing = true
@@ -138,6 +139,7 @@ func (ep *Endpoint) startClosing(cause error) {
 		ep.failing.Stop() // Close's own end comes first
 	}
 	ep.mu.Unlock()
+	return first
 }
 
 // closingState says whether the endpoint is closing, and whether the
@@ -574,10 +576,16 @@ func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeou
 // failHere ends the endpoint after what (polling the CQ, waiting on its
 // channel) failed with err: it closes, and Done and every error the close
 // causes say why, matching ErrClosed but not net.ErrClosed, since the
-// application did not close it. Close still frees it.
+// application did not close it. It disconnects as Close does, so that the
+// peer learns of the end at once and the queues flush: the completion
+// goroutine then tears down within closeQuiet of the last completion it
+// could take, not the close timeout. Close still frees it. It may run
+// again while the close goes on (the CQ keeps failing); it logs once.
 func (ep *Endpoint) failHere(what string, err error) {
-	ep.cfg.Logger.Error().Err(err).Msgf("%s; closing the endpoint", what)
 	cause := fmt.Errorf("%w: %s failed: %w", ErrClosed, what, err)
-	ep.startClosing(cause)
+	if ep.startClosing(cause) {
+		ep.cfg.Logger.Error().Err(err).Msgf("%s; closing the endpoint", what)
+	}
+	ep.disconnect()
 	ep.setDone(ep.closedHere())
 }

@@ -246,9 +246,15 @@ func (cq *CQ) Poll() (int, error) { return cq.PollRetry(0) }
 // more than a poll (under emulation, several times more), so a caller that
 // spins anyway finds a completion sooner after it arrives this way.
 func (cq *CQ) PollRetry(retries int) (int, error) {
+	if n, ok := cq.stashedPoll(); ok {
+		return n, nil
+	}
 	n := C.go_poll_cq(cptr(cq.p), C.int(cq.n), cptr(cq.wcs), C.int(retries))
 	if n < 0 {
 		return 0, retErrno("ibv_poll_cq", n)
+	}
+	if err := cq.injectedFault(int(n)); err != nil {
+		return 0, err
 	}
 	return int(n), nil
 }

@@ -1,0 +1,52 @@
+//go:build rdmacm_faultinject
+
+package verbs
+
+import "sync"
+
+// Fault injection, built only with the rdmacm_faultinject tag (make
+// test-faults): failures no device can be made to produce on purpose, so
+// that the library's handling of them runs on a real connection.
+
+var fault struct {
+	mu      sync.Mutex
+	op      WCOpcode
+	err     error       // armed: the next poll finding op fails with it
+	stashed map[*CQ]int // completions a failed poll left for the next
+}
+
+// FailNextPollFinding makes the next PollRetry, on any CQ of the process,
+// whose first completion is an op fail with err. The completions it found
+// stay in that CQ's poll array, and its next PollRetry returns them, as
+// if the failed poll had taken none.
+func FailNextPollFinding(op WCOpcode, err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.op, fault.err = op, err
+}
+
+// stashedPoll returns the completions a failed poll of cq left, if any.
+func (cq *CQ) stashedPoll() (int, bool) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	n, ok := fault.stashed[cq]
+	delete(fault.stashed, cq)
+	return n, ok
+}
+
+// injectedFault fails the poll that found n completions on cq, if the
+// armed fault is for the first one's opcode; it keeps them for the next.
+func (cq *CQ) injectedFault(n int) error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	if fault.err == nil || n == 0 || cq.At(0).Opcode != fault.op {
+		return nil
+	}
+	err := fault.err
+	fault.err = nil
+	if fault.stashed == nil {
+		fault.stashed = map[*CQ]int{}
+	}
+	fault.stashed[cq] = n
+	return err
+}

@@ -1,0 +1,9 @@
+//go:build !rdmacm_faultinject
+
+package verbs
+
+// Faults are injected only in builds with the rdmacm_faultinject tag
+// (fault.go); here the hooks do nothing and compile away.
+
+func (cq *CQ) stashedPoll() (int, bool)  { return 0, false }
+func (cq *CQ) injectedFault(n int) error { return nil }
