@@ -4,6 +4,7 @@ package integration
 
 import (
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
+	"github.com/go-rdma/rdmacm/msg"
 )
 
 // TestInjectedPollFailureEndsTheEndpoint: when polling the CQ fails (no
@@ -76,4 +78,46 @@ func TestInjectedPollFailureEndsTheEndpoint(t *testing.T) {
 	require.ErrorIs(t, err, net.ErrClosed, "after Close, as net's conns do")
 	require.ErrorIs(t, p.client.Err(), injected, "Err keeps why it ended")
 	require.NoError(t, pool.Put(wb))
+}
+
+// TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
+// CQ poll fails (the poll that finds the next message received) ends with
+// that failure: its reader gets the message that had arrived, then the
+// failure, not io.EOF and not net.ErrClosed, and so does Err; the peer,
+// which did nothing wrong, ends with cm.ErrPeerDisconnected. Nothing hangs
+// or leaks.
+func TestInjectedPollFailureEndsAMsgConn(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
+	// Each side speaks once first, so that nothing else is on its way.
+	require.NoError(t, client.Send(ctx, []byte("hello")))
+	_, err := server.Recv(ctx)
+	require.NoError(t, err)
+	require.NoError(t, server.Send(ctx, []byte("hello")))
+	_, err = client.Recv(ctx)
+	require.NoError(t, err)
+
+	injected := errors.New("injected CQ poll failure")
+	verbs.FailNextPollFinding(verbs.WCRecv, injected)
+	require.NoError(t, client.Send(ctx, []byte("last")))
+	// The message the failed poll found had arrived whole, and the poll
+	// after it finds it again: it is read before the end, not lost.
+	got, err := server.Recv(ctx)
+	require.NoError(t, err, "the message that arrived before the failure")
+	require.Equal(t, "last", string(got))
+	_, err = server.Recv(ctx)
+	require.ErrorIs(t, err, injected, "the reader learns why")
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	require.NotErrorIs(t, err, io.EOF, "no orderly end")
+	require.ErrorIs(t, server.Err(), injected)
+
+	_, err = client.Recv(ctx)
+	require.ErrorIs(t, err, cm.ErrPeerDisconnected, "the peer did nothing wrong")
+	require.NotErrorIs(t, err, injected)
+
+	require.NoError(t, server.Close())
+	require.ErrorIs(t, server.Send(ctx, []byte("late")), net.ErrClosed, "after Close, as net's conns do")
+	require.ErrorIs(t, server.Err(), injected, "Err keeps why it ended")
 }
