@@ -488,12 +488,13 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // Err says why Done closed (nil while the connection is up): after Close,
 // an error matching ErrClosed and net.ErrClosed; when the peer left, or
 // polling the CQ or waiting on its channel failed (the endpoint then
-// closes itself), one matching ErrClosed but not net.ErrClosed; or the
-// *CompletionError of a work request that failed and took the connection
-// down with it (on RC, a failed work request moves the QP to the error
-// state; Done then closes within 100 ms, unless the CM says first that the
-// peer left). Once Done is closed, posts are refused with this error,
-// and after Close with one matching net.ErrClosed.
+// closes itself), one matching ErrClosed but not net.ErrClosed; or one
+// holding the *CompletionError of a work request that failed and took the
+// connection down with it (errors.As finds it; it matches ErrClosed too).
+// On RC, a failed work request moves the QP to the error state; Done then
+// closes within 100 ms, unless the CM says first that the peer left. Once
+// Done is closed, posts are refused with this error, and after Close with
+// one matching net.ErrClosed.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
@@ -511,11 +512,15 @@ func (ep *Endpoint) failed() error {
 	}
 }
 
+// setDone ends the endpoint with cause (nil: this side's Close). Err then
+// matches ErrClosed whatever the cause, as every error of an endpoint that
+// is over does: a work request the device failed is kept inside.
 func (ep *Endpoint) setDone(cause error) {
 	ep.doneOnce.Do(func() {
 		if cause == nil {
 			cause = errClosedHere
 		}
+		cause = seam.Ended(cause, ErrClosed)
 		ep.doneErr.Store(&cause)
 		close(ep.done)
 	})

@@ -169,8 +169,10 @@ func TestOversizedPostsAreRefused(t *testing.T) {
 
 // TestFuzzCorpusOverTheWire replays the msg decoder's fuzz corpus, each
 // input as one message on a fresh raw connection to a msg listener: each
-// malformed one ends its own connection with ErrMalformed; a well-formed
-// one is delivered; the listener serves a good client afterwards.
+// malformed one ends its own connection with ErrMalformed (which then
+// matches ErrClosed, as every error of a connection that ended does); a
+// well-formed one is delivered; the listener serves a good client
+// afterwards.
 func TestFuzzCorpusOverTheWire(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -212,6 +214,8 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 		if decodeErr := h.Decode(input); decodeErr != nil {
 			_, err := srv.Recv(ctx)
 			require.ErrorIs(t, err, msg.ErrMalformed, "input %x", input)
+			require.ErrorIs(t, err, msg.ErrClosed, "a connection that ended, whatever ended it")
+			require.NotErrorIs(t, err, net.ErrClosed)
 			malformed++
 			// The listener ends the connection as soon as the message
 			// arrives, and its disconnect may reach this side before the

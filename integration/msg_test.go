@@ -1485,7 +1485,8 @@ func TestMsgCloseWriteHeldBehindRendezvous(t *testing.T) {
 // The server registers a region on its Conn's PD and sends its descriptor
 // as a message; the client writes, reads and runs both atomics on it, and
 // the server sees the bytes land. A write into a region registered for
-// reads only fails on the device and ends the connection.
+// reads only fails on the device and ends the connection, whose errors
+// then match ErrClosed.
 func TestMsgConnOneSided(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -1558,6 +1559,13 @@ func TestMsgConnOneSided(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the connection outlived a failed write")
 	}
+	// Every error of the connection that ended matches ErrClosed, whatever
+	// ended it (the device's failure, or the peer's end that raced it).
+	err = client.Send(ctx, []byte("after"))
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "this side did not close it")
+	require.ErrorIs(t, client.Err(), msg.ErrClosed)
+	t.Logf("the connection ended with: %v", client.Err())
 }
 
 // TestOneSidedOpsWhenThePeerCloses: RDMA READs in a loop while the peer

@@ -594,7 +594,9 @@ func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	first := c.err == nil
 	if first {
-		c.err = err
+		// It matches ErrClosed whatever ended it (a malformed message,
+		// a refused post), as every error of an ended connection does.
+		c.err = seam.Ended(err, ErrClosed)
 		close(c.done)
 		c.signal()
 		c.wakeControl()

@@ -182,7 +182,7 @@ func (c *Conn) endError(what string, err error) error {
 	case peerClosed:
 		return ErrPeerClosed
 	case reason == nil:
-	case reason == err && !errors.Is(err, endpoint.ErrClosed):
+	case errors.Is(reason, err) && !errors.Is(err, endpoint.ErrClosed):
 		// The endpoint ended with this very failure, nothing else
 		// first: say where it came from.
 	default:
