@@ -362,14 +362,25 @@ const failureGrace = 100 * time.Millisecond
 
 // awaitEnd is seam.AwaitEnd: it waits until Done is closed, at most
 // failureGrace. Without the wait, the same crash of the peer would end a
-// connection with a different error on each device.
+// connection with a different error on each device. When a work request
+// has failed already (ep.failing), Done closes when that failure's grace
+// is over, or sooner for the CM's word or Close; a grace of awaitEnd's own
+// could run out first and leave the caller (msg, taking a flush the
+// failure caused) with no reason, so it waits for Done then, bounded only
+// against a Done that never closes.
 func (ep *Endpoint) awaitEnd() {
 	select {
 	case <-ep.done:
 		return
 	default:
 	}
-	wait := time.NewTimer(failureGrace)
+	grace := failureGrace
+	ep.mu.Lock()
+	if ep.failing != nil {
+		grace = 10 * failureGrace
+	}
+	ep.mu.Unlock()
+	wait := time.NewTimer(grace)
 	defer wait.Stop()
 	select {
 	case <-ep.done:

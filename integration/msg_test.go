@@ -1565,6 +1565,14 @@ func TestMsgConnOneSided(t *testing.T) {
 	require.ErrorIs(t, err, msg.ErrClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "this side did not close it")
 	require.ErrorIs(t, client.Err(), msg.ErrClosed)
+	// And Err says why: the device's failure, or the peer's disconnect
+	// that came first, never a bare flush of the receives it caused. (On
+	// iWARP the peer's refusal ends the connection instead.)
+	var ce *endpoint.CompletionError
+	if !rxetest.IWARP() && !errors.Is(client.Err(), cm.ErrPeerDisconnected) {
+		require.ErrorAs(t, client.Err(), &ce)
+		require.Equalf(t, endpoint.StatusRemoteAccess, ce.Status, "Err: %v", client.Err())
+	}
 	t.Logf("the connection ended with: %v", client.Err())
 }
 
