@@ -587,16 +587,15 @@ func (q *completionQueue) deliver(c Completion, giveUp *<-chan time.Time, timeou
 // failHere ends the endpoint after what (polling the CQ, waiting on its
 // channel) failed with err: it closes, and Done and every error the close
 // causes say why, matching ErrClosed but not net.ErrClosed, since the
-// application did not close it. It disconnects as Close does, so that the
-// peer learns of the end at once and the queues flush: the completion
+// application did not close it. It ends as Close does (endWith), so that
+// the peer learns of the end at once and the queues flush: the completion
 // goroutine then tears down within closeQuiet of the last completion it
-// could take, not the close timeout. Close still frees it. It may run
-// again while the close goes on (the CQ keeps failing); it logs once.
+// could take, not the close timeout. It cannot call Close, which waits for
+// that goroutine, its caller. Close still frees it. It may run again while
+// the close goes on (the CQ keeps failing); it logs once.
 func (ep *Endpoint) failHere(what string, err error) {
 	cause := fmt.Errorf("%w: %s failed: %w", ErrClosed, what, err)
-	if ep.startClosing(cause) {
+	if ep.endWith(cause) {
 		ep.cfg.Logger.Error().Err(err).Msgf("%s; closing the endpoint", what)
 	}
-	ep.disconnect()
-	ep.setDone(ep.closedHere())
 }

@@ -567,11 +567,21 @@ func (ep *Endpoint) Close() error {
 // close's cause holds.
 func (ep *Endpoint) closeWith(cause error) error {
 	ep.closeOnce.Do(func() {
-		ep.startClosing(cause) // wakes the completion goroutine, or a caller of Next
-		ep.disconnect()        // posted work flushes back
-		ep.setDone(ep.closedHere())
+		ep.endWith(cause)
 		ep.poller.wake()
 		<-ep.pollDone
 	})
 	return ep.closeErr
+}
+
+// endWith ends the endpoint with cause, without waiting for the teardown:
+// it starts closing (which wakes the completion goroutine, or a caller of
+// Next), disconnects, so that posted work flushes back and the peer hears,
+// and closes Done. Close and failHere both end so. first says whether
+// cause is the one that holds.
+func (ep *Endpoint) endWith(cause error) (first bool) {
+	first = ep.startClosing(cause)
+	ep.disconnect()
+	ep.setDone(ep.closedHere())
+	return first
 }
