@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -89,14 +90,7 @@ func TestInjectedPollFailureEndsTheEndpoint(t *testing.T) {
 func TestInjectedPollFailureEndsAMsgConn(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
-	// Each side speaks once first, so that nothing else is on its way.
-	require.NoError(t, client.Send(ctx, []byte("hello")))
-	_, err := server.Recv(ctx)
-	require.NoError(t, err)
-	require.NoError(t, server.Send(ctx, []byte("hello")))
-	_, err = client.Recv(ctx)
-	require.NoError(t, err)
+	client, server := quietMsgPair(t, ctx)
 
 	injected := errors.New("injected CQ poll failure")
 	verbs.FailNextPollFinding(verbs.WCRecv, injected)
@@ -113,11 +107,142 @@ func TestInjectedPollFailureEndsAMsgConn(t *testing.T) {
 	require.NotErrorIs(t, err, io.EOF, "no orderly end")
 	require.ErrorIs(t, server.Err(), injected)
 
+	checkFaultEnded(t, ctx, server, client, injected)
+}
+
+// TestInjectedRefusalMidBatchLosesNothing: a device that refuses a request
+// in the middle of a batch (made to, in the tagged build) leaves the
+// endpoint as the device left its queues. The error names the refused
+// request; the requests before it are the device's and complete once
+// each, it and those after it are the caller's again at once (their
+// buffers go back to the pool, where a posted receive's is refused), and
+// the endpoint goes on: what the caller
+// posts next follows what was posted, in order, on both sides. After a
+// refused receive, no send of its batch goes out.
+func TestInjectedRefusalMidBatchLosesNothing(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	spool := newPool(t, p.server, 64, 4)
+	for range 4 {
+		b, _ := spool.TryGet()
+		require.NoError(t, p.server.PostRecv(nil, b))
+	}
+	pool := newPool(t, p.client, 64, 8)
+	take := func(payload string) *bufpool.Buffer {
+		b, ok := pool.TryGet()
+		require.True(t, ok)
+		copy(b.Bytes(), payload)
+		return b
+	}
+	send := func(payload string) endpoint.Request {
+		return endpoint.Request{Op: endpoint.OpSend, Context: payload, Buffer: take(payload), Length: len(payload)}
+	}
+	recv := func(name string) endpoint.Request {
+		return endpoint.Request{Op: endpoint.OpRecv, Context: name, Buffer: take("")}
+	}
+	injected := errors.New("injected refusal")
+
+	// A send refused: the second of three, behind a receive.
+	batch := []endpoint.Request{recv("r1"), send("a"), send("b"), send("c")}
+	verbs.FailNextPost(false, 1, injected)
+	err := p.client.PostBatch(batch)
+	pe, ok := errors.AsType[*endpoint.PostError](err)
+	require.Truef(t, ok, "want a *endpoint.PostError, got %v", err)
+	require.Equal(t, 2, pe.Index, "the batch's second send")
+	require.ErrorIs(t, err, injected)
+	for _, r := range batch[2:] {
+		require.NoError(t, pool.Put(r.Buffer), "%v was refused: its buffer is the caller's", r.Context)
+	}
+	require.Error(t, pool.Put(batch[0].Buffer), "the receive was posted: its buffer is the device's")
+	require.NoError(t, p.client.PostBatch([]endpoint.Request{send("b"), send("c")}))
+
+	// A receive refused: the second of two; the send behind them stays.
+	batch = []endpoint.Request{recv("r2"), recv("r3"), send("d")}
+	verbs.FailNextPost(true, 1, injected)
+	err = p.client.PostBatch(batch)
+	pe, ok = errors.AsType[*endpoint.PostError](err)
+	require.Truef(t, ok, "want a *endpoint.PostError, got %v", err)
+	require.Equal(t, 1, pe.Index, "the batch's second receive")
+	require.ErrorIs(t, err, injected)
+	require.NoError(t, pool.Put(batch[1].Buffer), "the refused receive's buffer is the caller's")
+	require.NoError(t, pool.Put(batch[2].Buffer), "the send behind a refused receive was not posted")
+	require.Error(t, pool.Put(batch[0].Buffer), "the receive before it was posted")
+	require.NoError(t, p.client.PostSend("e", take("e"), 1))
+
+	for _, want := range []string{"a", "b", "c", "e"} {
+		c := next(t, p.server)
+		require.NoError(t, c.Err)
+		require.Equal(t, want, string(c.Buffer.Bytes()[:c.Len]), "the server receives what was posted, in order, once")
+		require.NoError(t, spool.Put(c.Buffer))
+	}
+	for range 2 {
+		b, _ := spool.TryGet()
+		require.NoError(t, p.server.PostSend(nil, b, copy(b.Bytes(), "reply")))
+	}
+
+	got := map[any]int{}
+	for range 6 { // the sends a, b, c, e and the receives r1, r2
+		c := next(t, p.client)
+		require.NoError(t, c.Err, "%v", c.Context)
+		got[c.Context]++
+		require.NoError(t, pool.Put(c.Buffer))
+	}
+	require.Equal(t, map[any]int{"a": 1, "b": 1, "c": 1, "e": 1, "r1": 1, "r2": 1}, got)
+	st := p.client.Stats()
+	require.EqualValues(t, 4, st.SendRequests, "refused requests are not counted as posted")
+	require.EqualValues(t, 2, st.RecvRequests)
+	require.EqualValues(t, 6, st.Completions)
+}
+
+// TestInjectedRefusedPostEndsAMsgConn: a msg message the device refuses
+// (made to, in the tagged build) ends the connection, since a message
+// queued behind it may have been reported sent: the sender gets the
+// refusal, which matches msg.ErrClosed but not net.ErrClosed, and so do
+// Err and every later call until Close; the peer, which did nothing
+// wrong, ends with cm.ErrPeerDisconnected. Nothing hangs or leaks.
+func TestInjectedRefusedPostEndsAMsgConn(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server := quietMsgPair(t, ctx)
+
+	injected := errors.New("injected refusal")
+	verbs.FailNextPost(false, 0, injected)
+	err := client.Send(ctx, []byte("refused"))
+	require.ErrorIs(t, err, injected, "the sender learns the device refused its message")
+	require.ErrorIs(t, err, msg.ErrClosed, "the connection ended")
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	require.ErrorIs(t, client.Err(), injected)
+	require.ErrorIs(t, client.Send(ctx, []byte("later")), injected)
+
+	checkFaultEnded(t, ctx, client, server, injected)
+}
+
+// quietMsgPair is a msg connection without keepalives on which each side
+// has spoken once, so that nothing else is on its way: a fault armed next
+// meets the message the test sends.
+func quietMsgPair(t *testing.T, ctx context.Context) (client, server *msg.Conn) {
+	t.Helper()
+	client, server, _ = msgPair(t, ctx, msg.WithKeepalive(0, 0))
+	require.NoError(t, client.Send(ctx, []byte("hello")))
+	_, err := server.Recv(ctx)
+	require.NoError(t, err)
+	require.NoError(t, server.Send(ctx, []byte("hello")))
 	_, err = client.Recv(ctx)
+	require.NoError(t, err)
+	return client, server
+}
+
+// checkFaultEnded checks the end of a msg connection that failed with
+// injected: its peer, which did nothing wrong, ends with
+// cm.ErrPeerDisconnected; after Close, failed refuses calls with
+// net.ErrClosed, as net's conns do, and Err keeps why it ended.
+func checkFaultEnded(t *testing.T, ctx context.Context, failed, peer *msg.Conn, injected error) {
+	t.Helper()
+	_, err := peer.Recv(ctx)
 	require.ErrorIs(t, err, cm.ErrPeerDisconnected, "the peer did nothing wrong")
 	require.NotErrorIs(t, err, injected)
-
-	require.NoError(t, server.Close())
-	require.ErrorIs(t, server.Send(ctx, []byte("late")), net.ErrClosed, "after Close, as net's conns do")
-	require.ErrorIs(t, server.Err(), injected, "Err keeps why it ended")
+	require.NoError(t, failed.Close())
+	require.ErrorIs(t, failed.Send(ctx, []byte("late")), net.ErrClosed)
+	require.ErrorIs(t, failed.Err(), injected, "Err keeps why it ended")
 }

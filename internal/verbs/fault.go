@@ -13,6 +13,7 @@ var fault struct {
 	op      WCOpcode
 	err     error       // armed: the next poll finding op fails with it
 	stashed map[*CQ]int // completions a failed poll left for the next
+	refuse  *refusal    // armed: the next post holding it refuses it
 }
 
 // FailNextPollFinding makes the next PollRetry, on any CQ of the process,
@@ -49,4 +50,35 @@ func (cq *CQ) injectedFault(n int) error {
 	}
 	fault.stashed[cq] = n
 	return err
+}
+
+// FailNextPost makes the next Post, on any queue pair of the process, that
+// holds a receive (recv) or a send request of this index refuse it with
+// err, as a device refuses a request it cannot take: the requests before
+// it are posted (and complete), it and those after it are not, and after
+// a refused receive no send is posted.
+func FailNextPost(recv bool, index int, err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.refuse = &refusal{recv: recv, index: index, err: err}
+}
+
+// injectedRefusal takes the armed refusal if a post of nrecv receives and
+// nsend sends holds its request.
+func injectedRefusal(nrecv, nsend int) (refusal, bool) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	f := fault.refuse
+	if f == nil {
+		return refusal{}, false
+	}
+	held := nsend
+	if f.recv {
+		held = nrecv
+	}
+	if held <= f.index {
+		return refusal{}, false
+	}
+	fault.refuse = nil
+	return *f, true
 }

@@ -5,5 +5,6 @@ package verbs
 // Faults are injected only in builds with the rdmacm_faultinject tag
 // (fault.go); here the hooks do nothing and compile away.
 
-func (cq *CQ) stashedPoll() (int, bool)  { return 0, false }
-func (cq *CQ) injectedFault(n int) error { return nil }
+func (cq *CQ) stashedPoll() (int, bool)                { return 0, false }
+func (cq *CQ) injectedFault(n int) error               { return nil }
+func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }

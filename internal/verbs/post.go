@@ -220,6 +220,9 @@ func Post(id *CMID, srq *SRQ, recv *RecvBatch, send *SendBatch) error {
 		send.seal()
 		sb, sc = send.c, cptr(send.c)
 	}
+	if f, ok := injectedRefusal(batchLen(rb), batchLen(sb)); ok {
+		return postRefusing(qp, srqp, rb, sb, f)
+	}
 	ret := C.go_post(qp, srqp, rc, sc)
 	if ret == 0 {
 		return nil
@@ -228,6 +231,40 @@ func Post(id *CMID, srq *SRQ, recv *RecvBatch, send *SendBatch) error {
 		return &PostError{Recv: true, Index: int(rb.bad), Err: retErrno("ibv_post_recv", ret)}
 	}
 	return &PostError{Index: int(sb.bad), Queued: int(sb.bad) == int(sb.n), Err: retErrno("ibv_post_send", ret)}
+}
+
+// batchLen is how many requests a sealed batch holds (0 for none).
+func batchLen(b *C.struct_go_batch) int {
+	if b == nil {
+		return 0
+	}
+	return int(b.n)
+}
+
+// refusal is a request the device is made to refuse (FailNextPost, in
+// builds with the rdmacm_faultinject tag): the receive or the send request
+// of that index in the next batch that holds one.
+type refusal struct {
+	recv  bool
+	index int
+	err   error
+}
+
+// postRefusing posts what a device that refuses request f takes of the
+// batch, as ibv_post_recv and ibv_post_send do: the receives before a
+// refused receive, and then no send; every receive and the sends before a
+// refused send. It fails as Post does when the device refuses that
+// request, or with the real error if the device refuses the rest.
+func postRefusing(qp, srqp C.uintptr_t, rb, sb *C.struct_go_batch, f refusal) error {
+	if f.recv {
+		rb.n, sb = C.int(f.index), nil
+	} else {
+		sb.n = C.int(f.index)
+	}
+	if ret := C.go_post(qp, srqp, cptr(rb), cptr(sb)); ret != 0 {
+		return fmt.Errorf("verbs: posting the requests before an injected refusal: %w", retErrno("ibv_post", ret))
+	}
+	return &PostError{Recv: f.recv, Index: f.index, Err: f.err}
 }
 
 // cptr passes a pointer to C memory as an integer (see shim.h: it spares
