@@ -108,15 +108,19 @@ func (ep *Endpoint) spinsInBackground() bool {
 }
 
 // takeEvent takes one event from the completion channel for fdwait: false
-// when there is none yet. Only the holder of poller.role calls it.
+// when there is none yet. A read that fails ends the wait too, and
+// waitEvent returns its error: waiting again would find the channel
+// readable and fail again, a spin that never ends the endpoint. Only the
+// holder of poller.role calls it.
 func (ep *Endpoint) takeEvent() bool {
-	err := ep.ch.GetEvent()
-	if err == syscall.EAGAIN {
+	switch err := ep.ch.GetEvent(); err {
+	case syscall.EAGAIN:
 		return false
-	}
-	if err == nil {
+	case nil:
 		ep.poller.unacked++
 		ep.poller.events.Add(1)
+	default:
+		ep.poller.takeErr = err
 	}
 	return true
 }

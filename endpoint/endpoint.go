@@ -187,9 +187,10 @@ type cqPoller struct {
 	// take its events (a semaphore: send to take it, receive to give it
 	// back). The completion goroutine holds it, or one caller of Next at a
 	// time: the netpoller lets one goroutine wait on a descriptor, and the
-	// waiter is the one woken. unacked is under it.
+	// waiter is the one woken. unacked and takeErr are under it.
 	role    chan struct{}
 	unacked int           // CQ events taken and not yet acked
+	takeErr error         // the channel's read failed (takeEvent)
 	events  atomic.Uint64 // CQ events taken, ever (Stats.CQEvents)
 
 	// The channel's deadline is set by the holder of role, by Close, by a

@@ -54,7 +54,9 @@ func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, since uint64,
 	if skip {
 		return 0, Completion{}, false, nil
 	}
-	err = ep.wait.Wait()
+	if err = ep.wait.Wait(); err == nil && p.takeErr != nil {
+		err, p.takeErr = p.takeErr, nil
+	}
 	p.deadlineMu.Lock()
 	p.loopWaiting, p.callerWaiting = false, false
 	p.deadlineMu.Unlock()

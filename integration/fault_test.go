@@ -20,17 +20,30 @@ import (
 	"github.com/go-rdma/rdmacm/msg"
 )
 
-// TestInjectedPollFailureEndsTheEndpoint: when polling the CQ fails (no
-// device fails it on purpose: the poll that finds the client's RDMA write
-// is made to fail, make test-faults), the endpoint ends by itself, within a
-// bound and without anyone calling Close: Done closes with that failure,
-// which matches ErrClosed but not net.ErrClosed; the write's completion
-// still comes back; the receive it had posted comes back flushed with the
-// same cause; posts are refused with it; and the peer hears at once,
-// because the endpoint disconnects (without that, the posted receive would
-// hold the close for the close timeout). After Close, posts say
-// net.ErrClosed and Err keeps the failure; nothing leaks.
-func TestInjectedPollFailureEndsTheEndpoint(t *testing.T) {
+// TestInjectedCompletionFailureEndsTheEndpoint: when polling the CQ or
+// reading its channel's event fails (no device fails them on purpose: the
+// poll that finds the client's RDMA write, or the read of the event it
+// raised, is made to fail, make test-faults), the endpoint ends by itself,
+// within a bound and without anyone calling Close: Done closes with that
+// failure, which matches ErrClosed but not net.ErrClosed; the write's
+// completion still comes back; the receive it had posted comes back
+// flushed with the same cause; posts are refused with it; and the peer
+// hears at once, because the endpoint disconnects (without that, the
+// posted receive would hold the close for the close timeout). After Close,
+// posts say net.ErrClosed and Err keeps the failure; nothing leaks.
+func TestInjectedCompletionFailureEndsTheEndpoint(t *testing.T) {
+	for _, fault := range []struct {
+		name string
+		arm  func(error)
+	}{
+		{"poll", func(err error) { verbs.FailNextPollFinding(verbs.WCRDMAWrite, err) }},
+		{"channel", verbs.FailNextCQEvent}, // the client's endpoint sleeps on it: nobody calls Next
+	} {
+		t.Run(fault.name, func(t *testing.T) { testCompletionFailure(t, fault.arm) })
+	}
+}
+
+func testCompletionFailure(t *testing.T, arm func(error)) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	p := connect(t, ctx)
@@ -42,13 +55,13 @@ func TestInjectedPollFailureEndsTheEndpoint(t *testing.T) {
 	require.NoError(t, p.client.PostRecv("recv", rb))
 	wb, _ := pool.TryGet()
 
-	injected := errors.New("injected CQ poll failure")
-	verbs.FailNextPollFinding(verbs.WCRDMAWrite, injected)
+	injected := errors.New("injected failure")
+	arm(injected)
 	require.NoError(t, p.client.PostWrite("write", wb, 64, region.Remote()))
 	select {
 	case <-p.client.Done():
 	case <-time.After(10 * time.Second):
-		t.Fatal("the endpoint did not end after its CQ poll failed")
+		t.Fatal("the endpoint did not end after its completions' path failed")
 	}
 	err = p.client.Err()
 	require.ErrorIs(t, err, injected)

@@ -2,7 +2,11 @@
 
 package verbs
 
-import "sync"
+import (
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
 
 // Fault injection, built only with the rdmacm_faultinject tag (make
 // test-faults): failures no device can be made to produce on purpose, so
@@ -14,6 +18,7 @@ var fault struct {
 	err     error       // armed: the next poll finding op fails with it
 	stashed map[*CQ]int // completions a failed poll left for the next
 	refuse  *refusal    // armed: the next post holding it refuses it
+	event   error       // armed: the next read of a pending CQ event fails
 }
 
 // FailNextPollFinding makes the next PollRetry, on any CQ of the process,
@@ -81,4 +86,31 @@ func injectedRefusal(nrecv, nsend int) (refusal, bool) {
 	}
 	fault.refuse = nil
 	return *f, true
+}
+
+// FailNextCQEvent makes the next GetEvent, on any completion channel of
+// the process, that has an event to read fail with err instead, as a
+// channel whose device went away does. The event stays in the channel.
+func FailNextCQEvent(err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.event = err
+}
+
+// injectedFault fails this GetEvent if a failure is armed and an event is
+// pending (a GetEvent that would find none is left alone, so that the
+// channel that fails is the one the test makes an event on).
+func (ch *CompChannel) injectedFault() error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	if fault.event == nil {
+		return nil
+	}
+	pending := []unix.PollFd{{Fd: int32(ch.Fd()), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pending, 0); err != nil || n == 0 {
+		return nil
+	}
+	err := fault.event
+	fault.event = nil
+	return err
 }

@@ -166,6 +166,9 @@ func (ch *CompChannel) Fd() int { return int(ch.p.fd) }
 // GetEvent takes one CQ event (EAGAIN when none); it must be acked with
 // CQ.AckEvents before the CQ is destroyed.
 func (ch *CompChannel) GetEvent() error {
+	if err := ch.injectedFault(); err != nil {
+		return err
+	}
 	if ret, err := C.go_get_cq_event(ch.p); ret != 0 {
 		if err == syscall.EAGAIN {
 			return syscall.EAGAIN
