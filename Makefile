@@ -64,10 +64,10 @@ test-norace: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration
 
-# Failures no device produces on purpose (a CQ poll that fails, a request
-# the device refuses in the middle of a post), injected through
-# internal/verbs in a build with the FAULTS tag, on rxe0: the tests named
-# Injected exist only in that build.
+# Failures no device produces on purpose (a CQ poll, a CQ event's read or a
+# disconnect that fails, a request the device refuses in the middle of a
+# post), injected through internal/verbs in a build with the FAULTS tag, on
+# rxe0: the tests named Injected exist only in that build.
 test-faults: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -tags $(FAULTS) -run Injected -v -exec $(RXEVM) ./integration
 

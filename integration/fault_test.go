@@ -259,3 +259,39 @@ func checkFaultEnded(t *testing.T, ctx context.Context, failed, peer *msg.Conn, 
 	require.ErrorIs(t, failed.Send(ctx, []byte("late")), net.ErrClosed)
 	require.ErrorIs(t, failed.Err(), injected, "Err keeps why it ended")
 }
+
+// TestInjectedDisconnectFailureStillCloses: when rdma_disconnect fails in
+// Close (made to, in the tagged build), the endpoint moves its QP to the
+// error state itself, so that the device flushes the posted receive at
+// once rather than after the close timeout (a minute here); Close then
+// tears everything down and succeeds, the receive comes back flushed, and
+// the peer still hears, from the id's destruction, with
+// cm.ErrPeerDisconnected. Nothing leaks.
+func TestInjectedDisconnectFailureStillCloses(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx, cm.WithCloseTimeout(time.Minute))
+	pool := newPool(t, p.client, 64, 1)
+	rb, _ := pool.TryGet()
+	require.NoError(t, p.client.PostRecv("recv", rb))
+
+	verbs.FailNextDisconnect(errors.New("injected rdma_disconnect failure"))
+	closed := make(chan error, 1)
+	go func() { closed <- p.client.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err, "the teardown itself went well")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a flush that a QP left in RTS never gives")
+	}
+	c := next(t, p.client)
+	require.Equal(t, "recv", c.Context)
+	require.ErrorIs(t, c.Err, net.ErrClosed)
+	require.NoError(t, pool.Put(c.Buffer))
+	select {
+	case <-p.server.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer did not hear of the close")
+	}
+	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
+}

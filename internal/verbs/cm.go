@@ -365,6 +365,9 @@ func (id *CMID) Reject(privateData []byte) error {
 // moves to the error state and outstanding work requests are flushed; on
 // iWARP it moves to SQD (a graceful close) only: see FailQP.
 func (id *CMID) Disconnect() error {
+	if err := injectedDisconnectFault(); err != nil {
+		return err
+	}
 	if ret, err := C.rdma_disconnect(id.p); ret != 0 {
 		return callError("rdma_disconnect", err)
 	}

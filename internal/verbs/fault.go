@@ -19,6 +19,7 @@ var fault struct {
 	stashed map[*CQ]int // completions a failed poll left for the next
 	refuse  *refusal    // armed: the next post holding it refuses it
 	event   error       // armed: the next read of a pending CQ event fails
+	discon  error       // armed: the next rdma_disconnect fails
 }
 
 // FailNextPollFinding makes the next PollRetry, on any CQ of the process,
@@ -112,5 +113,22 @@ func (ch *CompChannel) injectedFault() error {
 	}
 	err := fault.event
 	fault.event = nil
+	return err
+}
+
+// FailNextDisconnect makes the next Disconnect, of any id of the process,
+// fail with err without disconnecting.
+func FailNextDisconnect(err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.discon = err
+}
+
+// injectedDisconnectFault takes the armed Disconnect failure, if any.
+func injectedDisconnectFault() error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	err := fault.discon
+	fault.discon = nil
 	return err
 }
