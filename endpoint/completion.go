@@ -349,6 +349,7 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	}
 	if err.Status != StatusFlushed && err.closedBy == nil && ep.failing == nil {
 		ep.failing = time.AfterFunc(failureGrace, func() { ep.setDone(err) })
+		ep.failure = err
 	}
 	return err
 }

@@ -149,6 +149,7 @@ type Endpoint struct {
 	done     chan struct{}
 	doneErr  atomic.Pointer[error]
 	failing  *time.Timer // a failed request's end, due after failureGrace; under mu
+	failure  error       // that request's error, which posts are refused with meanwhile; under mu
 
 	closeOnce sync.Once
 
@@ -493,9 +494,11 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // holding the *CompletionError of a work request that failed and took the
 // connection down with it (errors.As finds it; it matches ErrClosed too).
 // On RC, a failed work request moves the QP to the error state; Done then
-// closes within 100 ms, unless the CM says first that the peer left. Once
-// Done is closed, posts are refused with this error, and after Close with
-// one matching net.ErrClosed.
+// closes within 100 ms, unless the CM says first that the peer left, and
+// posts are refused with the request's error from its completion on (the
+// device would never complete them). Once Done is closed, posts are
+// refused with this error, and after Close with one matching
+// net.ErrClosed.
 func (ep *Endpoint) Err() error {
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
@@ -503,14 +506,21 @@ func (ep *Endpoint) Err() error {
 	return nil
 }
 
-// failed is Err once the connection is over; ep.mu is held.
+// failed is why a post is refused before Close: Err once the connection
+// is over, and already from a work request's failure on the device on,
+// before its grace closes Done. The failure moved the QP to the error
+// state, and the device flushed only what it held then: a request posted
+// after it would never complete before Close. ep.mu is held.
 func (ep *Endpoint) failed() error {
 	select {
 	case <-ep.done:
 		return ep.Err()
 	default:
-		return nil
 	}
+	if ep.failure != nil {
+		return seam.Ended(ep.failure, ErrClosed)
+	}
+	return nil
 }
 
 // setDone ends the endpoint with cause (nil: this side's Close). Err then

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -91,8 +92,10 @@ func TestMisusedPostsAreRefused(t *testing.T) {
 
 // TestFailedRequestEndsTheEndpoint: a work request that fails on the
 // device moves the QP to the error state; the endpoint says so (Done, Err
-// with the *CompletionError) and refuses later posts with that error,
-// instead of accepting them and flushing each one.
+// with the *CompletionError) and refuses later posts with that error, from
+// the failed completion on, instead of accepting them: the device would
+// never complete them (FuzzPostRequest once posted a receive in that
+// window, and waited for it in vain).
 func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -112,6 +115,13 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	}
 	var ce *endpoint.CompletionError
 	require.ErrorAs(t, c.Err, &ce)
+	// At once, before Done closes: a receive posted now would never
+	// complete (the device flushed only what it held when it failed).
+	err := p.client.PostRecv("too late", b)
+	require.ErrorAs(t, err, &ce, "a post right after the failure is refused with it")
+	require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed)
 	select {
 	case <-p.client.Done():
 	case <-time.After(5 * time.Second):
@@ -119,8 +129,8 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	}
 	require.ErrorAs(t, p.client.Err(), &ce)
 	require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
-	err := p.client.PostWrite("after", b, 8, remote)
-	require.ErrorAs(t, err, &ce, "posts after the failure are refused with it")
+	err = p.client.PostWrite("after", b, 8, remote)
+	require.ErrorAs(t, err, &ce, "posts after the end are refused with the failure")
 	require.NoError(t, pool.Put(b))
 }
 
