@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -417,4 +419,38 @@ func TestRPCCallAllocations(t *testing.T) {
 	}
 	require.LessOrEqual(t, allocs, bound, "allocations a call, both ends")
 	stop()
+}
+
+// BenchmarkMsgOneSided times a msg connection's one-sided operations on 64
+// bytes of the peer's region (8 for the atomic), one at a time, each
+// waited for: the registered memory the bytes go through on this side is
+// part of each call.
+func BenchmarkMsgOneSided(b *testing.B) {
+	ctx := context.Background()
+	client, server, _ := msgPair(b, ctx)
+	region, err := bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead|bufpool.RemoteWrite|bufpool.RemoteAtomic)
+	require.NoError(b, err)
+	b.Cleanup(func() { region.Close() })
+	remote, err := region.Remote().Slice(0, 64)
+	require.NoError(b, err)
+	word, err := region.Remote().Slice(0, 8)
+	require.NoError(b, err)
+	p := make([]byte, 64)
+	ops := map[string]func() error{
+		"WriteRemote64": func() error { return client.WriteRemote(ctx, remote, p) },
+		"ReadRemote64":  func() error { return client.ReadRemote(ctx, remote, p) },
+	}
+	if !rxetest.IWARP() { // no atomics there
+		ops["FetchAndAdd"] = func() error { _, err := client.FetchAndAdd(ctx, word, 1); return err }
+	}
+	for _, name := range slices.Sorted(maps.Keys(ops)) {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := ops[name](); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

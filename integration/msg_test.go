@@ -26,7 +26,7 @@ import (
 )
 
 // msgPair is a connected msg client and server conn.
-func msgPair(t *testing.T, ctx context.Context, opts ...msg.Option) (*msg.Conn, *msg.Conn, *msg.Listener) {
+func msgPair(t testing.TB, ctx context.Context, opts ...msg.Option) (*msg.Conn, *msg.Conn, *msg.Listener) {
 	t.Helper()
 	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 )
@@ -158,4 +159,32 @@ func TestKeepaliveRoundTripIsMeasured(t *testing.T) {
 		require.Positive(t, s.CreditMessagesSent, "keepalives are credit messages")
 	}
 	require.NoError(t, client.Err(), "the connection lives on")
+}
+
+// TestOneSidedRegionsAreReused: a msg connection's one-sided operations
+// stage their bytes in regions of the same cache, so that a call does not
+// register memory of its own each time; every write lands and every read
+// returns the peer's bytes, whatever an earlier call left in the region.
+func TestOneSidedRegionsAreReused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	region, err := bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead|bufpool.RemoteWrite)
+	require.NoError(t, err)
+	defer region.Close()
+	const rounds = 3
+	for i := range rounds {
+		want := bytes.Repeat([]byte{byte(i + 1)}, 100+i*50) // shorter first: nothing of it may come back later
+		at, err := region.Remote().Slice(0, len(want))
+		require.NoError(t, err)
+		require.NoError(t, client.WriteRemote(ctx, at, want))
+		require.Equal(t, want, region.Bytes()[:len(want)], "write %d landed", i)
+		copy(region.Bytes(), bytes.Repeat([]byte{byte(0x80 + i)}, len(want)))
+		got := make([]byte, len(want))
+		require.NoError(t, client.ReadRemote(ctx, at, got))
+		require.Equal(t, region.Bytes()[:len(want)], got, "read %d returned the peer's bytes", i)
+	}
+	st := client.Stats()
+	require.EqualValues(t, 2, st.RegionCacheMisses, "one region for the writes, one for the reads' sinks")
+	require.EqualValues(t, 2*rounds-2, st.RegionCacheHits)
 }

@@ -102,7 +102,9 @@ func WithCMOptions(opts ...cm.Option) Option {
 // (default 16 MiB; 0 keeps none). Mapping and registering a region for
 // each large message costs more than moving it; a kept region costs
 // pinned memory while the connection lives. Regions are sized in powers of
-// two from 64 KiB, so an 8 MiB message reuses one 8 MiB region.
+// two from 64 KiB, so an 8 MiB message reuses one 8 MiB region. The
+// one-sided operations (WriteRemote, ReadRemote, the atomics) stage their
+// bytes in regions of the same cache.
 func WithRendezvousCache(bytes int) Option { return func(o *options) { o.rvCache = bytes } }
 
 // WithLogger logs through l (silent by default).

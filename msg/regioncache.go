@@ -11,10 +11,12 @@ import (
 // inline size fits, and small ones share one class.
 const minRegionClass = 64 << 10
 
-// regionCache keeps a connection's rendezvous regions registered from one
-// message to the next: mapping, faulting in and registering a region for
-// each message costs more than moving it. A region is sized to a power of
-// two at least minRegionClass, and used for one message at a time. It is
+// regionCache keeps a connection's rendezvous regions, and those its
+// one-sided operations stage their bytes in, registered from one use to
+// the next: mapping, faulting in and registering a region for each
+// message costs more than moving it. A region is sized to a power of
+// two at least minRegionClass, unless it is larger than the cache keeps,
+// and used for one message or operation at a time. It is
 // memory bufpool mapped, never Go heap memory, and stays registered only
 // for this connection's own protection domain: the peer can reach a cached
 // region (send regions are readable with their rkey) but finds in it only
@@ -50,9 +52,13 @@ func regionClass(n int) int {
 }
 
 // get returns a region of at least n bytes registered for access: a cached
-// one, or a new one.
+// one, or a new one. A region larger than the cache keeps is made of n
+// bytes exactly: rounding it up to its class would only pin more memory.
 func (rc *regionCache) get(n int, access bufpool.Access) (*bufpool.Region, error) {
 	key := regionKey{regionClass(n), access}
+	if key.size > rc.limit {
+		key.size = n
+	}
 	rc.mu.Lock()
 	if list := rc.free[key]; len(list) > 0 && !rc.closed {
 		r := list[len(list)-1]

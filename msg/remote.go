@@ -92,17 +92,20 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	}
 	c.mu.Unlock()
 
-	// The local side of an RDMA READ is registered for remote write too:
-	// iWARP requires it of a READ's sink.
+	// The bytes go through a region of the connection's cache, kept
+	// registered from one call to the next (as rendezvous regions are):
+	// registering memory for each call would cost more than the call. The
+	// local side of an RDMA READ is registered for remote write too: iWARP
+	// requires it of a READ's sink. Its key never leaves this side.
 	access := bufpool.Access(0)
 	if r.Op == endpoint.OpRead {
 		access = bufpool.RemoteWrite
 	}
-	region, err := bufpool.NewRegion(c.ep.PD(), n, access)
+	region, err := c.rv.get(n, access)
 	if err != nil {
 		return fmt.Errorf("msg: registering %d bytes for a %v: %w", n, r.Op, err)
 	}
-	defer region.Close()
+	defer c.rv.put(region, access)
 	copy(region.Bytes(), out)
 
 	done := make(chan endpoint.Completion, 1)
@@ -132,6 +135,6 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	if err != nil {
 		return fmt.Errorf("msg: %v of %d bytes: %w", r.Op, n, err)
 	}
-	copy(in, region.Bytes()) // before the deferred Close unmaps it
+	copy(in, region.Bytes()) // before the deferred put gives the region back
 	return nil
 }

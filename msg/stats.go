@@ -30,9 +30,9 @@ type Stats struct {
 	// reads them from the sender's memory with RDMA READ.
 	RendezvousSent, RendezvousReceived           uint64
 	RendezvousBytesSent, RendezvousBytesReceived uint64
-	// Rendezvous regions taken from the connection's cache (hits) and
-	// mapped and registered anew (misses), both directions
-	// (WithRendezvousCache).
+	// Regions for rendezvous messages (both directions) and one-sided
+	// operations taken from the connection's cache (hits) and mapped and
+	// registered anew (misses) (WithRendezvousCache).
 	RegionCacheHits, RegionCacheMisses uint64
 	// KeepaliveRTT is the last keepalive's round trip (WithKeepalive):
 	// from its post until the device completed it. On RC over InfiniBand
