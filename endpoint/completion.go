@@ -223,6 +223,8 @@ func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
 		notify := len(ep.queue.items) > 0
 		sent := ep.queue.sent
 		ep.queue.sent = false
+		notified := ep.notified
+		ep.notified = false
 		ep.queue.mu.Unlock()
 		ep.mu.Unlock()
 		if notify {
@@ -231,7 +233,7 @@ func (ep *Endpoint) drain(want bool) (total int, handed bool, err error) {
 		if sent {
 			ep.interruptWait(false)
 		}
-		if len(ep.handled) > 0 {
+		if len(ep.handled) > 0 || notified {
 			ep.runHandler()
 			handed = handed || want
 		}
@@ -308,11 +310,17 @@ func (ep *Endpoint) complete(wc verbs.WC) {
 
 // output hands c on: to the handler (after the poll, once the locks are
 // let go) in handler mode, unless it is for a request's Notify, and
-// otherwise to the completion queue. ep.mu and ep.queue.mu are held.
+// otherwise to the completion queue. A completion for a Notify in handler
+// mode counts as progress too (notified), so that a goroutine that drives
+// the endpoint while it waits on its Notify channel (seam.Progress) looks
+// there. ep.mu and ep.queue.mu are held.
 func (ep *Endpoint) output(c Completion) {
-	if ep.handle != nil && c.to == nil {
-		ep.handled = append(ep.handled, c)
-		return
+	if ep.handle != nil {
+		if c.to == nil {
+			ep.handled = append(ep.handled, c)
+			return
+		}
+		ep.notified = true
 	}
 	ep.queue.emit(c)
 }

@@ -150,6 +150,7 @@ type Endpoint struct {
 	doneErr  atomic.Pointer[error]
 	failing  *time.Timer // a failed request's end, due after failureGrace; under mu
 	failure  error       // that request's error, which posts are refused with meanwhile; under mu
+	notified bool        // handler mode: the poll under way delivered to a Notify channel; under mu
 
 	closeOnce sync.Once
 
