@@ -356,10 +356,21 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 		err.closedBy = ep.closedHere()
 	}
 	if err.Status != StatusFlushed && err.closedBy == nil && ep.failing == nil {
-		ep.failing = time.AfterFunc(failureGrace, func() { ep.setDone(err) })
+		ep.failing = time.AfterFunc(failureGrace, func() { ep.endFailed(err) })
 		ep.failure = err
 	}
 	return err
+}
+
+// endFailed ends the connection a failed work request took down, once the
+// CM has not explained the failure within its grace: Done closes with it,
+// and the endpoint disconnects, as it does when the peer leaves, so that
+// the peer hears now and not when this side's application calls Close
+// (its QP may still be in RTS: a failure the requester found, a local
+// length error say, leaves the responder as it was).
+func (ep *Endpoint) endFailed(err error) {
+	ep.setDone(err)
+	ep.disconnect()
 }
 
 // failureGrace is how long the CM's word on why a connection ended may lag

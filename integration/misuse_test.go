@@ -92,7 +92,8 @@ func TestMisusedPostsAreRefused(t *testing.T) {
 
 // TestFailedRequestEndsTheEndpoint: a work request that fails on the
 // device moves the QP to the error state; the endpoint says so (Done, Err
-// with the *CompletionError) and refuses later posts with that error, from
+// with the *CompletionError), disconnects, so that the peer hears, and
+// refuses later posts with that error, from
 // the failed completion on, instead of accepting them: the device would
 // never complete them (FuzzPostRequest once posted a receive in that
 // window, and waited for it in vain).
@@ -129,6 +130,14 @@ func TestFailedRequestEndsTheEndpoint(t *testing.T) {
 	}
 	require.ErrorAs(t, p.client.Err(), &ce)
 	require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
+	// The peer hears now, not when this side's application closes: the
+	// endpoint disconnects when the failure ends it.
+	select {
+	case <-p.server.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer did not hear that the connection ended")
+	}
+	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
 	err = p.client.PostWrite("after", b, 8, remote)
 	require.ErrorAs(t, err, &ce, "posts after the end are refused with the failure")
 	require.NoError(t, pool.Put(b))
