@@ -848,6 +848,21 @@ func (c *Conn) driveUntil(ctx context.Context, done func() bool) error {
 	}
 }
 
+// driveFor drives c's endpoint in this goroutine until ch has a value (ok),
+// or until ctx ends or the endpoint is closing: a caller waiting for what
+// a completion sends it (an RPC response, a one-sided operation's
+// completion) takes it without a goroutine hand-off. ch is never closed.
+func driveFor[T any](c *Conn, ctx context.Context, ch <-chan T) (v T, ok bool) {
+	c.driveUntil(ctx, func() bool {
+		select {
+		case v, ok = <-ch:
+		default:
+		}
+		return ok
+	})
+	return v, ok
+}
+
 // awaitArrival is recv without driving the endpoint: it waits for what
 // another goroutine handles (the completion goroutine, or a caller that
 // polls).

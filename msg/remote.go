@@ -118,7 +118,14 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	}
 	err = c.ep.PostBatch([]endpoint.Request{r})
 	if err == nil {
-		err = c.awaitNotify(done).Err
+		// This goroutine drives the endpoint while it waits; once the
+		// endpoint is closing, the completion goroutine hands it the
+		// flushed completion. The wait is the device's: no ctx bounds it.
+		comp, ok := driveFor(c, context.Background(), done)
+		if !ok {
+			comp = <-done
+		}
+		err = comp.Err
 	}
 	if reads {
 		c.mu.Lock()
@@ -137,26 +144,4 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	}
 	copy(in, region.Bytes()) // before the deferred put gives the region back
 	return nil
-}
-
-// awaitNotify waits for the completion of a request posted with done as
-// its Notify channel. It drives the endpoint in this goroutine meanwhile,
-// as recv does, so that the completion comes to the caller without a
-// hand-off; once the endpoint is closing, the completion goroutine hands
-// it the flushed one. The wait is the device's: no ctx bounds it.
-func (c *Conn) awaitNotify(done chan endpoint.Completion) endpoint.Completion {
-	var comp endpoint.Completion
-	got := false
-	c.driveUntil(context.Background(), func() bool {
-		select {
-		case comp = <-done:
-			got = true
-		default:
-		}
-		return got
-	})
-	if !got {
-		comp = <-done
-	}
-	return comp
 }

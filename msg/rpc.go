@@ -249,7 +249,7 @@ func (cl *Client) call(ctx context.Context, method string, req []byte, region *b
 	mayPoll := true
 	for {
 		if mayPoll && cl.polling.CompareAndSwap(false, true) {
-			m, ok := cl.pollFor(ctx, ch)
+			m, ok := driveFor(cl.c, ctx, ch)
 			cl.polling.Store(false)
 			cl.handOn()
 			if ok {
@@ -291,19 +291,6 @@ func (cl *Client) handOn() {
 		default: // one is on offer already
 		}
 	}
-}
-
-// pollFor drives the connection's endpoint in this goroutine until ch
-// has the response (ok), or until ctx ends or the endpoint closes.
-func (cl *Client) pollFor(ctx context.Context, ch chan arrival) (m arrival, ok bool) {
-	cl.c.driveUntil(ctx, func() bool {
-		select {
-		case m, ok = <-ch:
-		default:
-		}
-		return ok
-	})
-	return m, ok
 }
 
 // replyChans are the channels on which run hands each caller its
