@@ -348,26 +348,43 @@ func (ep *Endpoint) signalProgress() {
 // other than a flush has moved the QP to the error state: the connection
 // is over, and Done and Err say so, unless Close caused it (some devices,
 // siw among them, fail the request in progress with a local error rather
-// than a flush when the connection is torn down). ep.mu is held: Close
+// than a flush when the connection is torn down). A flush that nothing on
+// this side explains (no Close, no failure, no word from the CM) says the
+// same of the QP: the peer's bad request failed it here (a responder
+// error), or the peer's end is still on its way; it ends the connection
+// too, after a longer grace (unexplainedFlushGrace). ep.mu is held: Close
 // sets closing under it before it disconnects.
 func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	err := &CompletionError{Op: op, Status: Status(wc.Status), VendorErr: wc.VendorErr}
 	if ep.closing {
 		err.closedBy = ep.closedHere()
 	}
-	if err.Status != StatusFlushed && err.closedBy == nil && ep.failing == nil {
+	if err.closedBy != nil || ep.failure != nil {
+		return err
+	}
+	switch {
+	case err.Status != StatusFlushed:
+		if ep.failing != nil {
+			ep.failing.Stop() // an unexplained flush's: this failure explains it
+		}
 		ep.failing = time.AfterFunc(failureGrace, func() { ep.endFailed(err) })
 		ep.failure = err
+	case ep.failing == nil && !ep.ended():
+		// Posts are still taken: refusing them with the flush would
+		// give the peer's crash on siw, whose flush comes before the
+		// CM's word, a reason other than the CM's.
+		ep.failing = time.AfterFunc(unexplainedFlushGrace, func() { ep.endFailed(err) })
 	}
 	return err
 }
 
-// endFailed ends the connection a failed work request took down, once the
-// CM has not explained the failure within its grace: Done closes with it,
-// and the endpoint disconnects, as it does when the peer leaves, so that
-// the peer hears now and not when this side's application calls Close
-// (its QP may still be in RTS: a failure the requester found, a local
-// length error say, leaves the responder as it was).
+// endFailed ends the connection a failed work request (or an unexplained
+// flush) took down, once the CM has not explained it within its grace:
+// Done closes with it, and the endpoint disconnects, as it does when the
+// peer leaves, so that the peer hears now and not when this side's
+// application calls Close (its QP may still be in RTS: a failure the
+// requester found, a local length error say, leaves the responder as it
+// was).
 func (ep *Endpoint) endFailed(err error) {
 	ep.setDone(err)
 	ep.disconnect()
@@ -384,24 +401,30 @@ func (ep *Endpoint) endFailed(err error) {
 // awaitEnd waits this long for the CM's reason for a flush or a refusal.
 const failureGrace = 100 * time.Millisecond
 
+// unexplainedFlushGrace is how long a flush nothing on this side explains
+// waits for the CM's word before it ends the connection. A peer whose
+// request failed (ours among them) disconnects after its own failureGrace,
+// and its word takes a while more to come; a peer that never disconnects
+// (a program that keeps its failed connection open) must not leave this
+// side's Done open, and its posted receives waiting, for ever.
+const unexplainedFlushGrace = 10 * failureGrace
+
 // awaitEnd is seam.AwaitEnd: it waits until Done is closed, at most
 // failureGrace. Without the wait, the same crash of the peer would end a
 // connection with a different error on each device. When a work request
-// has failed already (ep.failing), Done closes when that failure's grace
-// is over, or sooner for the CM's word or Close; a grace of awaitEnd's own
-// could run out first and leave the caller (msg, taking a flush the
-// failure caused) with no reason, so it waits for Done then, bounded only
-// against a Done that never closes.
+// has failed already, or a flush came that nothing explained (ep.failing),
+// Done closes when that grace is over, or sooner for the CM's word or
+// Close; a grace of awaitEnd's own could run out first and leave the
+// caller (msg, taking a flush the failure caused) with no reason, so it
+// waits for Done then, bounded only against a Done that never closes.
 func (ep *Endpoint) awaitEnd() {
-	select {
-	case <-ep.done:
+	if ep.ended() {
 		return
-	default:
 	}
 	grace := failureGrace
 	ep.mu.Lock()
 	if ep.failing != nil {
-		grace = 10 * failureGrace
+		grace = 2 * unexplainedFlushGrace
 	}
 	ep.mu.Unlock()
 	wait := time.NewTimer(grace)

@@ -148,8 +148,8 @@ type Endpoint struct {
 	doneOnce sync.Once
 	done     chan struct{}
 	doneErr  atomic.Pointer[error]
-	failing  *time.Timer // a failed request's end, due after failureGrace; under mu
-	failure  error       // that request's error, which posts are refused with meanwhile; under mu
+	failing  *time.Timer // the end of a failed request (or an unexplained flush), due after its grace; under mu
+	failure  error       // the failed request's error, which posts are refused with meanwhile; under mu
 	notified bool        // handler mode: the poll under way delivered to a Notify channel; under mu
 
 	closeOnce sync.Once
@@ -497,7 +497,11 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // On RC, a failed work request moves the QP to the error state; Done then
 // closes within 100 ms, unless the CM says first that the peer left, and
 // posts are refused with the request's error from its completion on (the
-// device would never complete them). Once Done is closed, posts are
+// device would never complete them). A completion flushed while nothing
+// on this side ended the connection (the peer's bad request failed the
+// QP here, say) closes Done within a second, with the flush's
+// *CompletionError, unless the CM says first that the peer left; posts
+// are taken meanwhile. Once Done is closed, posts are
 // refused with this error, and after Close with one matching
 // net.ErrClosed.
 func (ep *Endpoint) Err() error {
@@ -513,15 +517,23 @@ func (ep *Endpoint) Err() error {
 // state, and the device flushed only what it held then: a request posted
 // after it would never complete before Close. ep.mu is held.
 func (ep *Endpoint) failed() error {
-	select {
-	case <-ep.done:
+	if ep.ended() {
 		return ep.Err()
-	default:
 	}
 	if ep.failure != nil {
 		return seam.Ended(ep.failure, ErrClosed)
 	}
 	return nil
+}
+
+// ended says Done is closed.
+func (ep *Endpoint) ended() bool {
+	select {
+	case <-ep.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // setDone ends the endpoint with cause (nil: this side's Close). Err then

@@ -15,7 +15,8 @@ import (
 // closes reports that close (closedHere): Close's local error, which
 // matches net.ErrClosed, or the cause a sibling package closed it with
 // (seam.CloseEndpoint), which does not. A flush before any close matches
-// ErrClosed alone, and a failure before any close is no close's.
+// ErrClosed alone and, since nothing explains it, is due to end the
+// connection; a failure before any close is no close's.
 func TestCompletionErrorsCarryTheClose(t *testing.T) {
 	ep := &Endpoint{}
 	flushed := verbs.WC{Status: verbs.WCStatus(StatusFlushed)}
@@ -23,6 +24,10 @@ func TestCompletionErrorsCarryTheClose(t *testing.T) {
 
 	ep.mu.Lock()
 	err := ep.completionError(OpRecv, flushed)
+	require.NotNil(t, ep.failing, "a flush nothing explains ends the connection after its grace")
+	require.True(t, ep.failing.Stop())
+	require.Nil(t, ep.failure, "posts are still taken meanwhile")
+	ep.failing = nil
 	ep.mu.Unlock()
 	require.ErrorIs(t, err, ErrClosed, "a flush: the connection is over")
 	require.NotErrorIs(t, err, net.ErrClosed, "no close of this side's began")

@@ -295,3 +295,49 @@ func TestInjectedDisconnectFailureStillCloses(t *testing.T) {
 	}
 	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
 }
+
+// TestInjectedUnexplainedFlushEndsTheEndpoint: when the peer's bad request
+// fails this side's QP (an RDMA write into a region it may only read: the
+// responder moves its QP to the error state) and the peer never says that
+// the connection is over (its rdma_disconnect is made to fail, as a
+// program that keeps its failed connection open would leave it), this
+// side's posted receive comes back flushed, and its Done still closes by
+// itself, with an error matching ErrClosed but not net.ErrClosed: on rxe
+// the flush, which nothing explained. Without that, Done stayed open until
+// the application closed the endpoint.
+func TestInjectedUnexplainedFlushEndsTheEndpoint(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	_, remote := exchangeRegion(t, ctx, p, 4096, bufpool.RemoteRead)
+	spool := newPool(t, p.server, 64, 1)
+	rb, _ := spool.TryGet()
+	require.NoError(t, p.server.PostRecv("waiting", rb))
+	cpool := newPool(t, p.client, 64, 1)
+	wb, _ := cpool.TryGet()
+
+	verbs.FailNextDisconnect(errors.New("injected: the peer keeps its connection"))
+	t.Cleanup(func() { verbs.FailNextDisconnect(nil) }) // on siw the TERMINATE ends both sides first
+	require.NoError(t, p.client.PostWrite("forbidden", wb, 8, remote, endpoint.NoInline))
+	select {
+	case <-p.server.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the flushed side's Done stayed open: its peer never said the connection was over")
+	}
+	err := p.server.Err()
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	c := next(t, p.server)
+	require.Equal(t, "waiting", c.Context)
+	var ce *endpoint.CompletionError
+	require.ErrorAs(t, c.Err, &ce, "the receive, flushed by the peer's failure")
+	require.NoError(t, spool.Put(c.Buffer))
+	if !rxetest.IWARP() {
+		require.Equal(t, endpoint.StatusFlushed, ce.Status)
+		require.ErrorAs(t, err, &ce, "Done's reason is the flush")
+		require.Equal(t, endpoint.StatusFlushed, ce.Status)
+	}
+	c = next(t, p.client)
+	require.Equal(t, "forbidden", c.Context)
+	require.NoError(t, cpool.Put(c.Buffer))
+}
