@@ -69,6 +69,12 @@ func (ep *Endpoint) pollLoop() {
 			runtime.Gosched()
 			continue
 		}
+		if p.channelFailed.Load() {
+			// The close failHere began collects the flushes by polling,
+			// at the pace of the closing waits this replaces.
+			time.Sleep(closingWait)
+			continue
+		}
 		if closing {
 			p.role <- struct{}{} // a caller of Next that holds it sees Close and gives it back
 		} else {

@@ -194,6 +194,10 @@ type cqPoller struct {
 	unacked int           // CQ events taken and not yet acked
 	takeErr error         // the channel's read failed (takeEvent)
 	events  atomic.Uint64 // CQ events taken, ever (Stats.CQEvents)
+	// channelFailed: a wait on the channel failed (its read, or arming
+	// the CQ), and the endpoint is closing; nobody waits on the channel
+	// again (such a wait would fail at once: a spin).
+	channelFailed atomic.Bool
 
 	// The channel's deadline is set by the holder of role, by Close, by a
 	// caller of Next that wants the role from the completion goroutine,

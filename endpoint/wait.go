@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 )
@@ -22,7 +23,9 @@ const closingWait = 10 * time.Millisecond
 // when it was cut short, which the caller sorts out).
 func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, since uint64, deadline time.Time) (n int, c Completion, handed bool, err error) {
 	if err := ep.cq.ReqNotify(false); err != nil {
-		ep.cfg.Logger.Error().Err(err).Msg("arming the CQ")
+		// An unarmed CQ raises no event however many completions come:
+		// the wait could never end.
+		return 0, Completion{}, false, fmt.Errorf("arming the CQ: %w", err)
 	}
 	if n, c, handed = ep.pollFor(forCaller); n > 0 {
 		return n, c, handed, nil
@@ -68,12 +71,14 @@ func (ep *Endpoint) waitEvent(ctx context.Context, forCaller bool, since uint64,
 }
 
 // checkWait sorts out a wait's error: a deadline is the waiters' own
-// business; anything else means the completion channel failed, and the
-// endpoint closes (true) rather than wait on it again.
+// business; anything else means the completion channel failed (its read,
+// or arming the CQ), and the endpoint closes (true) rather than wait on it
+// again: nobody waits on it from then on (channelFailed).
 func (ep *Endpoint) checkWait(err error) bool {
 	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
+	ep.poller.channelFailed.Store(true)
 	ep.failHere("waiting on the completion channel", err)
 	return true
 }

@@ -20,50 +20,37 @@ import (
 	"github.com/go-rdma/rdmacm/msg"
 )
 
-// TestInjectedCompletionFailureEndsTheEndpoint: when polling the CQ or
-// reading its channel's event fails (no device fails them on purpose: the
-// poll that finds the client's RDMA write, or the read of the event it
-// raised, is made to fail, make test-faults), the endpoint ends by itself,
-// within a bound and without anyone calling Close: Done closes with that
-// failure, which matches ErrClosed but not net.ErrClosed; the write's
-// completion still comes back; the receive it had posted comes back
-// flushed with the same cause; posts are refused with it; and the peer
-// hears at once, because the endpoint disconnects (without that, the
-// posted receive would hold the close for the close timeout). After Close,
-// posts say net.ErrClosed and Err keeps the failure; nothing leaks.
+// TestInjectedCompletionFailureEndsTheEndpoint: when polling the CQ,
+// reading its channel's event or arming the CQ fails (no device fails them
+// on purpose: the poll that finds the client's RDMA write, the read of the
+// event it raised, or every arm after it, is made to fail, make
+// test-faults), the endpoint ends by itself, within a bound and without
+// anyone calling Close: Done closes with that failure, which matches
+// ErrClosed but not net.ErrClosed; the write's completion still comes
+// back; the receive it had posted comes back flushed with the same cause;
+// posts are refused with it; and the peer hears at once, because the
+// endpoint disconnects (without that, the posted receive would hold the
+// close for the close timeout). After Close, posts say net.ErrClosed and
+// Err keeps the failure; nothing leaks. A failed arm must end it: an
+// unarmed CQ raises no event, and the endpoint would wait for ever.
 func TestInjectedCompletionFailureEndsTheEndpoint(t *testing.T) {
 	for _, fault := range []struct {
 		name string
 		arm  func(error)
 	}{
 		{"poll", func(err error) { verbs.FailNextPollFinding(verbs.WCRDMAWrite, err) }},
-		{"channel", verbs.FailNextCQEvent}, // the client's endpoint sleeps on it: nobody calls Next
+		{"channel", func(err error) { verbs.FailCQEvents(err, 1) }}, // the client's endpoint sleeps on it: nobody calls Next
+		{"arm", func(err error) { verbs.FailCQArms(err, verbs.ForGood) }},
 	} {
 		t.Run(fault.name, func(t *testing.T) { testCompletionFailure(t, fault.arm) })
 	}
 }
 
 func testCompletionFailure(t *testing.T, arm func(error)) {
-	ctx := testContext(t)
-	rxetest.CheckResources(t)
-	p := connect(t, ctx)
-	region, err := bufpool.NewRegion(p.server.PD(), 4096, bufpool.RemoteWrite)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, region.Close()) })
-	pool := newPool(t, p.client, 4096, 2)
-	rb, _ := pool.TryGet()
-	require.NoError(t, p.client.PostRecv("recv", rb))
-	wb, _ := pool.TryGet()
-
 	injected := errors.New("injected failure")
-	arm(injected)
-	require.NoError(t, p.client.PostWrite("write", wb, 64, region.Remote()))
-	select {
-	case <-p.client.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the endpoint did not end after its completions' path failed")
-	}
-	err = p.client.Err()
+	f := writeOverFault(t, func() { arm(injected) })
+	p := f.pair
+	err := p.client.Err()
 	require.ErrorIs(t, err, injected)
 	require.ErrorIs(t, err, endpoint.ErrClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
@@ -74,24 +61,112 @@ func testCompletionFailure(t *testing.T, arm func(error)) {
 	}
 	require.ErrorIs(t, p.server.Err(), cm.ErrPeerDisconnected)
 
-	got := map[any]endpoint.Completion{}
-	for range 2 {
-		c := next(t, p.client)
-		got[c.Context] = c
-	}
-	require.NoError(t, got["write"].Err, "the write finished before the failure")
-	require.ErrorIs(t, got["recv"].Err, injected, "the receive, flushed by the failure's close")
-	require.NotErrorIs(t, got["recv"].Err, net.ErrClosed)
-	require.NoError(t, pool.Put(rb))
+	write, recv := f.completions(t)
+	require.NoError(t, write.Err, "the write finished before the failure")
+	require.ErrorIs(t, recv.Err, injected, "the receive, flushed by the failure's close")
+	require.NotErrorIs(t, recv.Err, net.ErrClosed)
+	require.NoError(t, f.pool.Put(f.rb))
 
-	err = p.client.PostWrite("after", wb, 64, region.Remote())
+	err = p.client.PostWrite("after", f.wb, 64, f.region.Remote())
 	require.ErrorIs(t, err, injected, "a post before Close says why the endpoint ended")
 
 	require.NoError(t, p.client.Close())
-	err = p.client.PostWrite("closed", wb, 64, region.Remote())
+	err = p.client.PostWrite("closed", f.wb, 64, f.region.Remote())
 	require.ErrorIs(t, err, net.ErrClosed, "after Close, as net's conns do")
 	require.ErrorIs(t, p.client.Err(), injected, "Err keeps why it ended")
-	require.NoError(t, pool.Put(wb))
+	require.NoError(t, f.pool.Put(f.wb))
+}
+
+// TestInjectedLostDeviceEndsTheEndpointQuietly: when the device goes away
+// (made so: every read of a completion event, every arm of a CQ, the
+// rdma_disconnect and the move of the QP to the error state fail), the
+// endpoint ends with the failure, and its close, which can neither hear
+// from the channel nor get its posted receive flushed, waits out its
+// bound polling the CQ, where waiting on the failed channel again would
+// fail at once, over and over: a spin that logs each failed arm. The
+// write's completion still comes back, the receive then comes back with
+// the failure, and nothing leaks.
+func TestInjectedLostDeviceEndsTheEndpointQuietly(t *testing.T) {
+	gone := errors.New("injected: the device went away")
+	tries := verbs.Injected()
+	const closeTimeout = time.Second
+	f := writeOverFault(t, func() {
+		verbs.FailCQEvents(gone, verbs.ForGood)
+		verbs.FailCQArms(gone, verbs.ForGood)
+		verbs.FailQPMoves(gone, verbs.ForGood)
+		verbs.FailNextDisconnect(gone)
+	}, cm.WithCloseTimeout(closeTimeout))
+	require.ErrorIs(t, f.client.Err(), gone)
+
+	closing := time.Now()
+	require.NoError(t, f.client.Close())
+	require.Less(t, time.Since(closing), closeTimeout+5*time.Second, "Close is bounded by its timeout")
+	// The read of the event and the move to the error state, once each.
+	require.LessOrEqual(t, verbs.Injected()-tries, 3, "the failed channel was tried again and again")
+	write, recv := f.completions(t)
+	require.NoError(t, write.Err, "the write finished before the device went away")
+	require.ErrorIs(t, recv.Err, gone, "the receive, given back at teardown")
+	require.NoError(t, f.pool.Put(f.rb))
+	require.NoError(t, f.pool.Put(f.wb))
+}
+
+// faultedWrite is writeOverFault's pair: the client's posted receive
+// ("recv", rb) and its RDMA write ("write", wb, 64 bytes) into the
+// server's region.
+type faultedWrite struct {
+	*pair
+	region *bufpool.Region
+	pool   *bufpool.Pool
+	rb, wb *bufpool.Buffer
+}
+
+// writeOverFault connects a pair (with opts), has the client post a
+// receive, then, once arm has armed the faults, an RDMA write, and returns
+// when the client's Done closes. Faults armed for good are disarmed at
+// cleanup, before the server's Close would meet them.
+func writeOverFault(t *testing.T, arm func(), opts ...cm.Option) *faultedWrite {
+	t.Helper()
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	f := &faultedWrite{pair: connect(t, ctx, opts...)}
+	var err error
+	f.region, err = bufpool.NewRegion(f.server.PD(), 4096, bufpool.RemoteWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, f.region.Close()) })
+	f.pool = newPool(t, f.client, 4096, 2)
+	f.rb, _ = f.pool.TryGet()
+	require.NoError(t, f.client.PostRecv("recv", f.rb))
+	f.wb, _ = f.pool.TryGet()
+
+	arm()
+	t.Cleanup(disarmDeviceFaults)
+	require.NoError(t, f.client.PostWrite("write", f.wb, 64, f.region.Remote()))
+	select {
+	case <-f.client.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the endpoint did not end after the fault")
+	}
+	return f
+}
+
+// completions takes the client's two completions, in whichever order
+// they come.
+func (f *faultedWrite) completions(t *testing.T) (write, recv endpoint.Completion) {
+	t.Helper()
+	got := map[any]endpoint.Completion{}
+	for range 2 {
+		c := next(t, f.client)
+		got[c.Context] = c
+	}
+	return got["write"], got["recv"]
+}
+
+// disarmDeviceFaults disarms the faults a test armed for good.
+func disarmDeviceFaults() {
+	verbs.FailCQEvents(nil, 0)
+	verbs.FailCQArms(nil, 0)
+	verbs.FailQPMoves(nil, 0)
+	verbs.FailNextDisconnect(nil)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's

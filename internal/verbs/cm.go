@@ -383,6 +383,9 @@ func (id *CMID) FailQP() error {
 	if id.p.qp == nil {
 		return nil
 	}
+	if err := injectedQPMoveFault(); err != nil {
+		return err
+	}
 	var attr C.struct_ibv_qp_attr
 	attr.qp_state = C.IBV_QPS_ERR
 	return retErrno("ibv_modify_qp(ERR)", C.ibv_modify_qp(id.p.qp, &attr, C.IBV_QP_STATE))

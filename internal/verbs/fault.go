@@ -18,8 +18,43 @@ var fault struct {
 	err     error       // armed: the next poll finding op fails with it
 	stashed map[*CQ]int // completions a failed poll left for the next
 	refuse  *refusal    // armed: the next post holding it refuses it
-	event   error       // armed: the next read of a pending CQ event fails
+	event   repeated    // armed: reads of a pending CQ event fail
+	arm     repeated    // armed: arming a CQ fails
+	qpMove  repeated    // armed: moving a QP to the error state fails
 	discon  error       // armed: the next rdma_disconnect fails
+	fired   int         // failures injected so far (Injected)
+}
+
+// ForGood, as a FailCQEvents or FailCQArms count, fails every call until
+// the failure is armed again (with a nil error to clear it).
+const ForGood = -1
+
+// repeated is a failure armed for a number of calls (or ForGood).
+type repeated struct {
+	err  error
+	left int
+}
+
+// take returns the failure for this call, if one is armed, and counts it.
+// fault.mu is held.
+func (r *repeated) take() error {
+	if r.err == nil || r.left == 0 {
+		return nil
+	}
+	if r.left > 0 {
+		r.left--
+	}
+	fault.fired++
+	return r.err
+}
+
+// Injected returns how many failures the faults armed with a count
+// (FailCQEvents, FailCQArms, FailQPMoves) have injected in this process,
+// so that a test can bound how often a failed device is tried again.
+func Injected() int {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	return fault.fired
 }
 
 // FailNextPollFinding makes the next PollRetry, on any CQ of the process,
@@ -89,13 +124,14 @@ func injectedRefusal(nrecv, nsend int) (refusal, bool) {
 	return *f, true
 }
 
-// FailNextCQEvent makes the next GetEvent, on any completion channel of
-// the process, that has an event to read fail with err instead, as a
-// channel whose device went away does. The event stays in the channel.
-func FailNextCQEvent(err error) {
+// FailCQEvents makes the next times GetEvents (or every one: ForGood),
+// on any completion channel of the process, that have an event to read
+// fail with err instead, as a channel whose device went away does. The
+// event stays in the channel. A nil err disarms it.
+func FailCQEvents(err error, times int) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
-	fault.event = err
+	fault.event = repeated{err: err, left: times}
 }
 
 // injectedFault fails this GetEvent if a failure is armed and an event is
@@ -104,16 +140,46 @@ func FailNextCQEvent(err error) {
 func (ch *CompChannel) injectedFault() error {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
-	if fault.event == nil {
+	if fault.event.err == nil {
 		return nil
 	}
 	pending := []unix.PollFd{{Fd: int32(ch.Fd()), Events: unix.POLLIN}}
 	if n, err := unix.Poll(pending, 0); err != nil || n == 0 {
 		return nil
 	}
-	err := fault.event
-	fault.event = nil
-	return err
+	return fault.event.take()
+}
+
+// FailCQArms makes the next times ReqNotify calls (or every one:
+// ForGood), on any CQ of the process, fail with err without arming it, as
+// the CQ of a device that went away does. A nil err disarms it.
+func FailCQArms(err error, times int) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.arm = repeated{err: err, left: times}
+}
+
+// injectedArmFault takes the armed ReqNotify failure, if any.
+func injectedArmFault() error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	return fault.arm.take()
+}
+
+// FailQPMoves makes the next times CMID.FailQP calls (or every one:
+// ForGood), of any id of the process, fail with err and leave the QP as
+// it was, as for a device that went away. A nil err disarms it.
+func FailQPMoves(err error, times int) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.qpMove = repeated{err: err, left: times}
+}
+
+// injectedQPMoveFault takes the armed FailQP failure, if any.
+func injectedQPMoveFault() error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	return fault.qpMove.take()
 }
 
 // FailNextDisconnect makes the next Disconnect, of any id of the process,

@@ -9,4 +9,6 @@ func (cq *CQ) stashedPoll() (int, bool)                { return 0, false }
 func (cq *CQ) injectedFault(n int) error               { return nil }
 func (ch *CompChannel) injectedFault() error           { return nil }
 func injectedDisconnectFault() error                   { return nil }
+func injectedArmFault() error                          { return nil }
+func injectedQPMoveFault() error                       { return nil }
 func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }

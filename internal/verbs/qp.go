@@ -213,6 +213,9 @@ func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
 // ReqNotify arms the CQ: the next completion (or next solicited one) raises
 // an event on its channel.
 func (cq *CQ) ReqNotify(solicitedOnly bool) error {
+	if err := injectedArmFault(); err != nil {
+		return err
+	}
 	s := 0
 	if solicitedOnly {
 		s = 1
