@@ -98,6 +98,7 @@ type queue struct {
 	cq      *verbs.CQ
 	wait    *fdwait.Waiter
 	unacked int
+	takeErr error // the channel's read failed (takeEvent)
 	// deadline is the direction's deadline in Unix ns (0: none), also set
 	// on wait: a call checks it before it waits.
 	deadline atomic.Int64
@@ -319,22 +320,31 @@ func (q *queue) open(vctx *verbs.Context, n int, name string) (err error) {
 }
 
 // takeEvent is the non-blocking read of the completion channel that
-// fdwait calls; the event is acked in batches (and at close).
+// fdwait calls; the event is acked in batches (and at close). A read that
+// fails ends the wait too, and await returns its error: waiting on would
+// not wake again for the event the read left (the netpoller reports a
+// descriptor once each time it becomes readable). The caller of await
+// holds its direction's mutex, which guards takeErr.
 func (q *queue) takeEvent() bool {
-	if q.ch.GetEvent() != nil {
+	switch err := q.ch.GetEvent(); err {
+	case syscall.EAGAIN:
 		return false
-	}
-	q.unacked++
-	if q.unacked >= 64 {
-		q.cq.AckEvents(q.unacked)
-		q.unacked = 0
+	case nil:
+		q.unacked++
+		if q.unacked >= 64 {
+			q.cq.AckEvents(q.unacked)
+			q.unacked = 0
+		}
+	default:
+		q.takeErr = err
 	}
 	return true
 }
 
 // await arms the CQ and, unless poll then finds a completion, waits for
 // the channel's next event. It returns the wait's error: os.ErrDeadlineExceeded
-// after the direction's deadline, os.ErrClosed after Close.
+// after the direction's deadline, os.ErrClosed after Close, or the
+// channel's failure; the completions stay in the CQ for the next call.
 func (q *queue) await(poll func() (int, error)) (int, error) {
 	if err := q.cq.ReqNotify(false); err != nil {
 		return 0, err
@@ -343,7 +353,12 @@ func (q *queue) await(poll func() (int, error)) (int, error) {
 	if n, err := poll(); n > 0 || err != nil {
 		return n, err
 	}
-	return 0, q.wait.Wait()
+	if err := q.wait.Wait(); err != nil {
+		return 0, err
+	}
+	err := q.takeErr
+	q.takeErr = nil
+	return 0, err
 }
 
 func (q *queue) close() {

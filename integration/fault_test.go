@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -415,4 +417,51 @@ func TestInjectedUnexplainedFlushEndsTheEndpoint(t *testing.T) {
 	c = next(t, p.client)
 	require.Equal(t, "forbidden", c.Context)
 	require.NoError(t, cpool.Put(c.Buffer))
+}
+
+// TestInjectedChannelFailureFailsADatagramRead: when reading the
+// completion channel's event fails (made to fail once, make test-faults),
+// a ReadFrom waiting on the channel returns that failure at once, not at
+// its deadline (the event it could not take would not wake it again), and
+// the datagram that raised the event is not lost: the next ReadFrom
+// returns it. A read that finds the datagram before it waits meets no
+// event; the test then sends another.
+func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv := listenDgram(t, ctx)
+	if srv == nil {
+		return
+	}
+	cli := listenDgram(t, ctx)
+	to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+	require.NoError(t, err)
+
+	injected := errors.New("injected completion channel failure")
+	verbs.FailCQEvents(injected, 1)
+	t.Cleanup(disarmDeviceFaults)
+	const deadline = 15 * time.Second
+	buf := make([]byte, 64)
+	for i := byte(0); ; i++ {
+		require.Less(t, i, byte(5), "no read ever waited on the channel")
+		require.NoError(t, srv.SetReadDeadline(time.Now().Add(deadline)))
+		read := make(chan error, 1)
+		go func() {
+			_, _, err := srv.ReadFrom(buf)
+			read <- err
+		}()
+		time.Sleep(200 * time.Millisecond) // for the read to wait
+		_, err := cli.WriteTo([]byte{i}, to)
+		require.NoError(t, err)
+		if err = <-read; err == nil { // it found the datagram before it waited
+			require.Equal(t, i, buf[0])
+			continue
+		}
+		require.ErrorIs(t, err, injected)
+		require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the failed read left the reader waiting")
+		n, _, err := srv.ReadFrom(buf)
+		require.NoError(t, err)
+		require.Equal(t, []byte{i}, buf[:n], "the datagram whose event failed")
+		return
+	}
 }
