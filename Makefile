@@ -64,12 +64,15 @@ test-norace: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration
 
-# Failures no device produces on purpose (a CQ poll, a CQ event's read or a
-# disconnect that fails, a request the device refuses in the middle of a
-# post), injected through internal/verbs in a build with the FAULTS tag, on
-# rxe0: the tests named Injected exist only in that build.
+# Failures no device produces on purpose (a CQ poll, a CQ event's read, a
+# CQ's arm, a disconnect or a QP's move to the error state that fails, a
+# request the device refuses in the middle of a post), injected through
+# internal/verbs in a build with the FAULTS tag, on rxe0 and on siw0, whose
+# flushes and CM events come in another order: the tests named Injected
+# exist only in that build.
 test-faults: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -tags $(FAULTS) -run Injected -v -exec $(RXEVM) ./integration
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -tags $(FAULTS) -run Injected -v -exec '$(RXEVM) -device siw' ./integration
 
 # Two guests joined by a UDP link, rxe0 on each one's eth0: the same test
 # binary runs in both (guest 0 serves, guest 1 dials and injects netem faults).
