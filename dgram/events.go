@@ -21,6 +21,7 @@ type eventLoop struct {
 	mu      sync.Mutex
 	waiters map[uintptr]chan *verbs.Event
 	ended   bool           // the loop stopped: no id may wait any more
+	failure error          // why it stopped, when the channel's read failed (not Close)
 	users   sync.WaitGroup // Resolve and JoinGroup calls with an id on the channel
 	done    chan struct{}
 }
@@ -33,13 +34,15 @@ func (l *eventLoop) start(c *Conn) {
 
 func (l *eventLoop) run(c *Conn) {
 	defer close(l.done)
-	defer l.end()
 	for {
 		ev, err := c.ch.Next(context.Background())
 		if err != nil {
+			var failure error
 			if !c.closed.Load() {
 				c.log.Error().Err(err).Msg("dgram: reading CM events; the Conn no longer resolves or answers peers")
+				failure = fmt.Errorf("reading CM events: %w", err)
 			}
+			l.end(failure)
 			return
 		}
 		if ev.Type == verbs.EventConnectRequest {
@@ -58,11 +61,12 @@ func (l *eventLoop) run(c *Conn) {
 	}
 }
 
-// end wakes every waiter: the loop is gone.
-func (l *eventLoop) end() {
+// end wakes every waiter: the loop is gone, because of failure (nil:
+// Close stopped it).
+func (l *eventLoop) end(failure error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ended = true
+	l.ended, l.failure = true, failure
 	for k, w := range l.waiters {
 		close(w)
 		delete(l.waiters, k)
@@ -83,7 +87,7 @@ func (l *eventLoop) register(id *verbs.CMID) (chan *verbs.Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ended {
-		return nil, net.ErrClosed
+		return nil, l.endError()
 	}
 	w := make(chan *verbs.Event, 1)
 	l.waiters[id.Key()] = w
@@ -109,12 +113,23 @@ func (c *Conn) answer(ev *verbs.Event) {
 	ev.ID.Destroy()
 }
 
-// expect waits for the event that ends one step on an id.
-func expect(ctx context.Context, w chan *verbs.Event, want verbs.EventType, step string) (*verbs.Event, error) {
+// endError is what a step that needs the ended loop fails with: the
+// channel's failure, or net.ErrClosed after Close. mu is held, or the
+// loop has ended (end wrote failure before it woke the waiters).
+func (l *eventLoop) endError() error {
+	if l.failure != nil {
+		return l.failure
+	}
+	return net.ErrClosed
+}
+
+// expect waits for the event that ends one step on an id (w, from
+// register).
+func (l *eventLoop) expect(ctx context.Context, w chan *verbs.Event, want verbs.EventType, step string) (*verbs.Event, error) {
 	select {
 	case ev, ok := <-w:
 		if !ok {
-			return nil, fmt.Errorf("dgram: %s: %w", step, net.ErrClosed)
+			return nil, fmt.Errorf("dgram: %s: %w", step, l.endError())
 		}
 		if ev.Type != want {
 			return nil, eventError(ev, step)
@@ -193,19 +208,19 @@ func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
 		if err := id.ResolveAddrFrom(c.local.IP, ai, resolveMs(ctx)); err != nil {
 			return false, err
 		}
-		if _, err := expect(ctx, w, verbs.EventAddrResolved, "resolving the address"); err != nil {
+		if _, err := c.events.expect(ctx, w, verbs.EventAddrResolved, "resolving the address"); err != nil {
 			return false, err
 		}
 		if err := id.ResolveRoute(resolveMs(ctx)); err != nil {
 			return false, err
 		}
-		if _, err := expect(ctx, w, verbs.EventRouteResolved, "resolving the route"); err != nil {
+		if _, err := c.events.expect(ctx, w, verbs.EventRouteResolved, "resolving the route"); err != nil {
 			return false, err
 		}
 		if err := id.Connect(verbs.ConnParam{QPNum: c.local.QPN}); err != nil {
 			return false, err
 		}
-		ev, err := expect(ctx, w, verbs.EventEstablished, "resolving the service")
+		ev, err := c.events.expect(ctx, w, verbs.EventEstablished, "resolving the service")
 		if err != nil {
 			return false, err
 		}
@@ -256,7 +271,7 @@ func (c *Conn) JoinGroup(ctx context.Context, groupAddr string) (*Addr, error) {
 			}
 			return false, err
 		}
-		ev, err := expect(ctx, w, verbs.EventMulticastJoin, "joining")
+		ev, err := c.events.expect(ctx, w, verbs.EventMulticastJoin, "joining")
 		if err != nil {
 			id.LeaveMulticast(ip)
 			return false, err

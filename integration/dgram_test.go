@@ -36,6 +36,20 @@ func listenDgram(t *testing.T, ctx context.Context, opts ...dgram.Option) *dgram
 	return c
 }
 
+// resolvedDgramPair listens twice on the test device and resolves the
+// first Conn (srv) from the second (cli): to is srv's address for cli's
+// writes. On iWARP srv is nil, as with listenDgram.
+func resolvedDgramPair(t *testing.T, ctx context.Context) (srv, cli *dgram.Conn, to *dgram.Addr) {
+	t.Helper()
+	if srv = listenDgram(t, ctx); srv == nil {
+		return nil, nil, nil
+	}
+	cli = listenDgram(t, ctx)
+	to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+	require.NoError(t, err)
+	return srv, cli, to
+}
+
 // payload is n bytes that differ with seed, so a datagram mixed up with
 // another, or cut, does not compare equal.
 func payload(n int, seed byte) []byte {
@@ -53,16 +67,13 @@ func payload(n int, seed byte) []byte {
 func TestDatagramSizesByteForByte(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	srv := listenDgram(t, ctx)
+	srv, cli, to := resolvedDgramPair(t, ctx)
 	if srv == nil {
 		return
 	}
-	cli := listenDgram(t, ctx)
 	mtu := srv.MTU()
 	require.GreaterOrEqual(t, mtu, 256)
 	srvAddr := srv.LocalAddr().(*dgram.Addr)
-	to, err := cli.Resolve(ctx, hostPort(srvAddr))
-	require.NoError(t, err)
 	require.Equal(t, srvAddr.QPN, to.QPN)
 
 	echoed := make(chan error, 1)

@@ -429,13 +429,10 @@ func TestInjectedUnexplainedFlushEndsTheEndpoint(t *testing.T) {
 func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	srv := listenDgram(t, ctx)
+	srv, cli, to := resolvedDgramPair(t, ctx)
 	if srv == nil {
 		return
 	}
-	cli := listenDgram(t, ctx)
-	to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
-	require.NoError(t, err)
 
 	injected := errors.New("injected completion channel failure")
 	verbs.FailCQEvents(injected, 1)
@@ -464,4 +461,37 @@ func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 		require.Equal(t, []byte{i}, buf[:n], "the datagram whose event failed")
 		return
 	}
+}
+
+// TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's
+// CM events fails (made to fail once, make test-faults: the read of the
+// event that ends the first step of a Resolve), that Resolve and every
+// later one fail with the read's failure, not with net.ErrClosed (the
+// application closed nothing), and the Conn still exchanges datagrams
+// with a peer it had resolved before.
+func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv, cli, to := resolvedDgramPair(t, ctx)
+	if srv == nil {
+		return
+	}
+	other := listenDgram(t, ctx)
+
+	injected := errors.New("injected CM event channel failure")
+	verbs.FailCMEvents(injected, 1)
+	t.Cleanup(func() { verbs.FailCMEvents(nil, 0) })
+	for range 2 {
+		_, err := cli.Resolve(ctx, hostPort(other.LocalAddr().(*dgram.Addr)))
+		require.ErrorIs(t, err, injected)
+		require.NotErrorIs(t, err, net.ErrClosed, "the application closed nothing")
+	}
+
+	_, err := cli.WriteTo([]byte("still"), to)
+	require.NoError(t, err)
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
+	buf := make([]byte, 64)
+	n, _, err := srv.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "still", string(buf[:n]))
 }

@@ -110,6 +110,9 @@ type UDParam struct {
 // GetEvent returns the next event, or syscall.EAGAIN when none is pending.
 // No QP is taken off its id for destroying while it runs (qpEvents).
 func (c *EventChannel) GetEvent() (*Event, error) {
+	if err := c.injectedFault(); err != nil {
+		return nil, err
+	}
 	var raw *C.struct_rdma_cm_event
 	qpEvents.Lock()
 	ret, err := C.rdma_get_cm_event(c.p, &raw)

@@ -21,12 +21,14 @@ var fault struct {
 	event   repeated    // armed: reads of a pending CQ event fail
 	arm     repeated    // armed: arming a CQ fails
 	qpMove  repeated    // armed: moving a QP to the error state fails
+	cmEvent repeated    // armed: reads of a pending CM event fail
 	discon  error       // armed: the next rdma_disconnect fails
 	fired   int         // failures injected so far (Injected)
 }
 
-// ForGood, as a FailCQEvents or FailCQArms count, fails every call until
-// the failure is armed again (with a nil error to clear it).
+// ForGood, as the count of FailCQEvents, FailCQArms, FailQPMoves or
+// FailCMEvents, fails every call until the fault is armed again (with a
+// nil error to disarm it).
 const ForGood = -1
 
 // repeated is a failure armed for a number of calls (or ForGood).
@@ -49,8 +51,9 @@ func (r *repeated) take() error {
 }
 
 // Injected returns how many failures the faults armed with a count
-// (FailCQEvents, FailCQArms, FailQPMoves) have injected in this process,
-// so that a test can bound how often a failed device is tried again.
+// (FailCQEvents, FailCQArms, FailQPMoves, FailCMEvents) have injected in
+// this process, so that a test can bound how often a failed device is
+// tried again.
 func Injected() int {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
@@ -138,16 +141,36 @@ func FailCQEvents(err error, times int) {
 // pending (a GetEvent that would find none is left alone, so that the
 // channel that fails is the one the test makes an event on).
 func (ch *CompChannel) injectedFault() error {
+	return injectedReadFault(&fault.event, ch.Fd())
+}
+
+// injectedReadFault takes r's failure for a read of fd, if one is armed
+// and fd has something to read.
+func injectedReadFault(r *repeated, fd int) error {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
-	if fault.event.err == nil {
+	if r.err == nil {
 		return nil
 	}
-	pending := []unix.PollFd{{Fd: int32(ch.Fd()), Events: unix.POLLIN}}
+	pending := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	if n, err := unix.Poll(pending, 0); err != nil || n == 0 {
 		return nil
 	}
-	return fault.event.take()
+	return r.take()
+}
+
+// FailCMEvents makes the next times GetEvents (or every one: ForGood), on
+// any CM event channel of the process, that have an event to read fail
+// with err instead. The event stays in the channel. A nil err disarms it.
+func FailCMEvents(err error, times int) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.cmEvent = repeated{err: err, left: times}
+}
+
+// injectedFault fails this GetEvent as FailCMEvents armed it.
+func (c *EventChannel) injectedFault() error {
+	return injectedReadFault(&fault.cmEvent, c.Fd())
 }
 
 // FailCQArms makes the next times ReqNotify calls (or every one:

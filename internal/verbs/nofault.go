@@ -8,6 +8,7 @@ package verbs
 func (cq *CQ) stashedPoll() (int, bool)                { return 0, false }
 func (cq *CQ) injectedFault(n int) error               { return nil }
 func (ch *CompChannel) injectedFault() error           { return nil }
+func (c *EventChannel) injectedFault() error           { return nil }
 func injectedDisconnectFault() error                   { return nil }
 func injectedArmFault() error                          { return nil }
 func injectedQPMoveFault() error                       { return nil }
