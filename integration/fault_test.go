@@ -495,3 +495,54 @@ func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "still", string(buf[:n]))
 }
+
+// TestInjectedCMEventFailureEndsTheSharedChannel: a process's connected
+// ids share one CM event channel. When reading it fails (made to fail
+// once, make test-faults: the read of the event a new dial raises),
+// nothing on it can hear of its connection's end any more, so every
+// connection on it ends with the failure (Done and Err carry it, not
+// net.ErrClosed), the listener's Accept fails with it, and so does the
+// dial; a later Listen and Dial open a channel of their own and connect.
+func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx)
+	accepted := make(chan error, 1)
+	go func() {
+		ep, err := p.listener.Accept(ctx)
+		if ep != nil {
+			ep.Close()
+		}
+		accepted <- err
+	}()
+
+	injected := errors.New("injected CM event channel failure")
+	verbs.FailCMEvents(injected, 1)
+	t.Cleanup(func() { verbs.FailCMEvents(nil, 0) })
+	ep, err := cm.Dial(ctx, p.listener.Addr().String())
+	if ep != nil {
+		ep.Close()
+	}
+	require.ErrorIs(t, err, injected, "the dial whose event could not be read")
+
+	for _, side := range []*endpoint.Endpoint{p.client, p.server} {
+		select {
+		case <-side.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("a connection on the failed channel did not end")
+		}
+		require.ErrorIs(t, side.Err(), injected)
+		require.ErrorIs(t, side.Err(), endpoint.ErrClosed)
+		require.NotErrorIs(t, side.Err(), net.ErrClosed, "the application closed nothing")
+	}
+	select {
+	case err := <-accepted:
+		require.ErrorIs(t, err, injected)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept did not fail with the listener's channel")
+	}
+
+	again := connect(t, ctx)
+	require.NoError(t, again.client.Err())
+	require.NoError(t, again.server.Err())
+}
