@@ -37,6 +37,20 @@ type repeated struct {
 	left int
 }
 
+// set arms r with err for times calls (ForGood: every one; nil: none).
+func (r *repeated) set(err error, times int) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	*r = repeated{err: err, left: times}
+}
+
+// next takes r's failure for this call, if one is armed.
+func (r *repeated) next() error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	return r.take()
+}
+
 // take returns the failure for this call, if one is armed, and counts it.
 // fault.mu is held.
 func (r *repeated) take() error {
@@ -132,9 +146,7 @@ func injectedRefusal(nrecv, nsend int) (refusal, bool) {
 // fail with err instead, as a channel whose device went away does. The
 // event stays in the channel. A nil err disarms it.
 func FailCQEvents(err error, times int) {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	fault.event = repeated{err: err, left: times}
+	fault.event.set(err, times)
 }
 
 // injectedFault fails this GetEvent if a failure is armed and an event is
@@ -163,9 +175,7 @@ func injectedReadFault(r *repeated, fd int) error {
 // any CM event channel of the process, that have an event to read fail
 // with err instead. The event stays in the channel. A nil err disarms it.
 func FailCMEvents(err error, times int) {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	fault.cmEvent = repeated{err: err, left: times}
+	fault.cmEvent.set(err, times)
 }
 
 // injectedFault fails this GetEvent as FailCMEvents armed it.
@@ -177,32 +187,24 @@ func (c *EventChannel) injectedFault() error {
 // ForGood), on any CQ of the process, fail with err without arming it, as
 // the CQ of a device that went away does. A nil err disarms it.
 func FailCQArms(err error, times int) {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	fault.arm = repeated{err: err, left: times}
+	fault.arm.set(err, times)
 }
 
 // injectedArmFault takes the armed ReqNotify failure, if any.
 func injectedArmFault() error {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	return fault.arm.take()
+	return fault.arm.next()
 }
 
 // FailQPMoves makes the next times CMID.FailQP calls (or every one:
 // ForGood), of any id of the process, fail with err and leave the QP as
 // it was, as for a device that went away. A nil err disarms it.
 func FailQPMoves(err error, times int) {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	fault.qpMove = repeated{err: err, left: times}
+	fault.qpMove.set(err, times)
 }
 
 // injectedQPMoveFault takes the armed FailQP failure, if any.
 func injectedQPMoveFault() error {
-	fault.mu.Lock()
-	defer fault.mu.Unlock()
-	return fault.qpMove.take()
+	return fault.qpMove.next()
 }
 
 // FailNextDisconnect makes the next Disconnect, of any id of the process,
