@@ -3,15 +3,18 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/internal/rdmacat"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
 // TestRdmacat: the rdmacat command's code, both ends in this process. The
@@ -65,4 +68,91 @@ func TestRdmacat(t *testing.T) {
 	require.Equal(t, 1, rdmacat.Main(ctx, []string{addr}, strings.NewReader("x"), &out, &errs))
 	require.Contains(t, errs.String(), "rdmacat: dial rdma")
 	require.Zero(t, out.Len())
+}
+
+// TestRdmacatStopsWhileItsInputIsIdle: after the peer's end of data,
+// rdmacat still sends what its input gives (a half-closed connection
+// carries this side's bytes) and exits 0 at the input's end. Told to stop
+// (an interrupt) while its input gives nothing, it returns at once: a read
+// of a terminal cannot be interrupted, so it must not wait for that read.
+func TestRdmacatStopsWhileItsInputIsIdle(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	before := rxetest.CountResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	addr := l.Addr().String()
+	peers := make(chan net.Conn, 2)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			peers <- c
+		}
+	}()
+	// run starts rdmacat dialing the listener with stdin and stdout pipes;
+	// it returns once rdmacat passed on the peer's first bytes.
+	type run struct {
+		code   chan int
+		errs   *bytes.Buffer
+		stdin  *io.PipeWriter
+		stdout *io.PipeReader
+		peer   *rdmanet.Conn
+	}
+	start := func(ctx context.Context) run {
+		inR, inW := io.Pipe()
+		outR, outW := io.Pipe()
+		r := run{code: make(chan int, 1), errs: new(bytes.Buffer), stdin: inW, stdout: outR}
+		t.Cleanup(func() { inW.Close(); outR.Close() })
+		go func() { r.code <- rdmacat.Main(ctx, []string{addr}, inR, outW, r.errs) }()
+		select {
+		case c := <-peers:
+			r.peer = c.(*rdmanet.Conn)
+		case code := <-r.code:
+			require.FailNow(t, "rdmacat did not connect", "exit %d: %s", code, r.errs)
+		case <-ctx.Done():
+			require.FailNow(t, "rdmacat did not connect", "%v", ctx.Err())
+		}
+		_, err := r.peer.Write([]byte("hello"))
+		require.NoError(t, err)
+		got := make([]byte, 5)
+		_, err = io.ReadFull(outR, got)
+		require.NoError(t, err)
+		require.Equal(t, "hello", string(got))
+		return r
+	}
+
+	r := start(ctx)
+	require.NoError(t, r.peer.CloseWrite())
+	_, err = r.stdin.Write([]byte("late"))
+	require.NoError(t, err, "rdmacat stopped reading its input at the peer's end of data")
+	require.NoError(t, r.stdin.Close())
+	require.Equal(t, 0, <-r.code, "rdmacat: %s", r.errs)
+	late, err := io.ReadAll(r.peer)
+	require.NoError(t, err)
+	require.Equal(t, "late", string(late))
+	require.NoError(t, r.peer.Close())
+
+	stopCtx, stop := context.WithCancel(ctx)
+	r = start(stopCtx)
+	stop()
+	select {
+	case code := <-r.code:
+		require.Equal(t, 1, code)
+		require.Contains(t, r.errs.String(), "rdmacat: context canceled")
+	case <-time.After(10 * time.Second):
+		require.Fail(t, "rdmacat waited for its idle input after it was told to stop")
+	}
+	require.NoError(t, r.peer.Close())
+	require.NoError(t, l.Close())
+	// The read of stdin rdmacat left holds a send buffer of the closed
+	// connection, and so its registered memory, until the read returns.
+	require.NoError(t, r.stdin.Close())
+	require.Eventually(t, func() bool {
+		now := rxetest.CountResources(t)
+		return now["mr"] == before["mr"] && now["pd"] == before["pd"]
+	}, 10*time.Second, 50*time.Millisecond, "the memory rdmacat's left read held was not freed after the read returned")
 }

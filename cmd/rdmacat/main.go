@@ -5,8 +5,9 @@
 //	rdmacat -p 10.0.0.1:7000 < disk.iso       # send, with a progress line
 //
 // At the end of its input it half-closes, so the peer sees end of file,
-// and exits once the peer has closed as well. The other side may be
-// another rdmacat or any program using package rdmanet.
+// and exits once the peer has closed as well. An interrupt or a failed
+// connection ends it at once, even while its input gives nothing. The
+// other side may be another rdmacat or any program using package rdmanet.
 package main
 
 import (

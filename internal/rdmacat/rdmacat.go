@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -86,42 +85,72 @@ func connect(ctx context.Context, listen bool, addr string, logf func(string, ..
 }
 
 // cat copies stdin to conn (then half-closes it) and conn to stdout, until
-// both directions ended, and closes conn. The first error ends both. The
-// bytes pass through no buffer of cat's: stdin reads into conn's send
-// buffers (ReadFrom), and stdout is handed its receive buffers (WriteTo).
+// both directions ended, and closes conn. The first error ends both, and so
+// does ctx. The bytes pass through no buffer of cat's: stdin reads into
+// conn's send buffers (ReadFrom), and stdout is handed its receive buffers
+// (WriteTo).
+//
+// Once the connection failed or ctx ended, cat returns without waiting for
+// a read of stdin in progress: nothing interrupts a read of a terminal or
+// of a pipe nobody writes to, and rdmacat must not hang on its input after
+// an interrupt or a peer that crashed. That read's goroutine ends when the
+// read returns (the process exits first, in the command). Only after the
+// peer's orderly end of data does cat wait for stdin's end, as a
+// half-closed connection still carries this side's bytes.
 func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Writer, c *counters) error {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		if _, err := conn.ReadFrom(countingReader{stdin, &c.sent}); err != nil {
-			errs[0] = fmt.Errorf("sending: %w", err)
+	// Buffered: a sender left behind in a read of stdin sends when it ends.
+	sent, received := make(chan error, 1), make(chan error, 1)
+	go func() { sent <- send(conn, stdin, c) }()
+	go func() { received <- receive(conn, stdout, c) }()
+	var sendErr, recvErr error
+	both := false // both directions ended, not only the one cat waited for first
+	select {
+	case sendErr = <-sent:
+		if sendErr != nil {
 			conn.Close() // the other direction ends too
-			return
 		}
-		if err := conn.CloseWrite(); err != nil {
-			errs[0] = fmt.Errorf("half-closing: %w", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if _, err := conn.WriteTo(countingWriter{stdout, &c.received}); err != nil {
-			errs[1] = fmt.Errorf("receiving: %w", err)
+		recvErr, both = <-received, true
+	case recvErr = <-received:
+		if recvErr != nil {
 			conn.Close()
+			break
 		}
-	}()
-	wg.Wait()
+		select {
+		case sendErr = <-sent:
+			both = true
+		case <-ctx.Done():
+		}
+	}
 	closeErr := conn.Close()
-	if err := errors.Join(errs...); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	err := errors.Join(sendErr, recvErr)
+	switch {
+	case ctx.Err() != nil && (err != nil || !both):
+		return ctx.Err() // what ending ctx cut short
+	case err != nil:
 		return err
 	}
 	return closeErr
+}
+
+// send copies stdin to conn, then half-closes it.
+func send(conn *rdmanet.Conn, stdin io.Reader, c *counters) error {
+	if _, err := conn.ReadFrom(countingReader{stdin, &c.sent}); err != nil {
+		return fmt.Errorf("sending: %w", err)
+	}
+	if err := conn.CloseWrite(); err != nil {
+		return fmt.Errorf("half-closing: %w", err)
+	}
+	return nil
+}
+
+// receive copies conn to stdout until the peer's end of data.
+func receive(conn *rdmanet.Conn, stdout io.Writer, c *counters) error {
+	if _, err := conn.WriteTo(countingWriter{stdout, &c.received}); err != nil {
+		return fmt.Errorf("receiving: %w", err)
+	}
+	return nil
 }
 
 // counters are the bytes moved each way.
