@@ -1,13 +1,16 @@
 // Command rdmacat is netcat over RDMA: standard input to an rdmanet
 // connection, the connection to standard output.
 //
-//	rdmacat -l 10.0.0.1:7000 > copy.iso       # receive
-//	rdmacat -p 10.0.0.1:7000 < disk.iso       # send, with a progress line
+//	rdmacat -l 10.0.0.1:7000 < /dev/null > copy.iso   # receive
+//	rdmacat -p 10.0.0.1:7000 < disk.iso               # send, with a progress line
 //
 // At the end of its input it half-closes, so the peer sees end of file,
-// and exits once the peer has closed as well. An interrupt or a failed
-// connection ends it at once, even while its input gives nothing. The
-// other side may be another rdmacat or any program using package rdmanet.
+// and it exits once the peer has half-closed too. Both inputs must end,
+// then: a receiving side that reads a terminal keeps the connection, and
+// so the sender, open until end of input is typed there (hence /dev/null
+// above, as with netcat). An interrupt or a failed connection ends it at
+// once, even while its input gives nothing. The other side may be another
+// rdmacat or any program using package rdmanet.
 package main
 
 import (
