@@ -372,12 +372,10 @@ func sendThenClose(t *testing.T, ctx context.Context, from, to *msg.Conn, n int)
 func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	s, addr, served := rpcServer(t, ctx, msg.WithRecvDepth(6))
-	cl, err := msg.DialClient(ctx, addr, msg.WithRecvDepth(6))
-	require.NoError(t, err)
+	cl, _, stop := rpcClient(t, ctx, msg.WithRecvDepth(6))
 	// Timeouts around one round trip, so that some end as the response comes.
 	rtt := time.Now()
-	_, err = cl.Call(ctx, "echo", []byte("x"))
+	_, err := cl.Call(ctx, "echo", []byte("x"))
 	require.NoError(t, err)
 	round := time.Since(rtt)
 	var wg sync.WaitGroup
@@ -397,9 +395,7 @@ func TestCallsGivenUpKeepTheirCredits(t *testing.T) {
 		cancel()
 		require.NoError(t, err, "call %d after the given-up ones", i)
 	}
-	require.NoError(t, cl.Close())
-	require.NoError(t, s.Shutdown(ctx))
-	require.ErrorIs(t, <-served, msg.ErrShutdown)
+	stop()
 }
 
 // TestLargeCallsGivenUp: calls whose request and response both go by
