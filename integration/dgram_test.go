@@ -50,6 +50,20 @@ func resolvedDgramPair(t *testing.T, ctx context.Context) (srv, cli *dgram.Conn,
 	return srv, cli, to
 }
 
+// sendDatagram sends p from one Conn to addr to and reads it at another
+// within 10 s, whole; it returns the sender's address as the reader saw it.
+func sendDatagram(t *testing.T, from *dgram.Conn, to net.Addr, at *dgram.Conn, p string) net.Addr {
+	t.Helper()
+	_, err := from.WriteTo([]byte(p), to)
+	require.NoError(t, err)
+	require.NoError(t, at.SetReadDeadline(time.Now().Add(10*time.Second)))
+	buf := make([]byte, len(p)+1)
+	n, src, err := at.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, p, string(buf[:n]))
+	return src
+}
+
 // payload is n bytes that differ with seed, so a datagram mixed up with
 // another, or cut, does not compare equal.
 func payload(n int, seed byte) []byte {
@@ -317,12 +331,7 @@ func TestDatagramReceiverFallsBehind(t *testing.T) {
 		require.Greater(t, got[i], got[i-1], "out of order: %v", got)
 	}
 	// Reading again reposted every receive: the Conn works on.
-	_, err = fast.WriteTo([]byte("after"), to)
-	require.NoError(t, err)
-	require.NoError(t, slow.SetReadDeadline(time.Now().Add(10*time.Second)))
-	n, _, err := slow.ReadFrom(buf)
-	require.NoError(t, err)
-	require.Equal(t, "after", string(buf[:n]))
+	sendDatagram(t, fast, to, slow, "after")
 }
 
 // TestDatagramBadInputAndClose: what a caller can get wrong gets a clear
@@ -411,19 +420,13 @@ func TestDatagramMulticastInProcess(t *testing.T) {
 	require.Same(t, ga, again)
 	_, err = b.JoinGroup(ctx, group)
 	require.NoError(t, err)
-	_, err = a.WriteTo([]byte("to the group"), ga)
-	require.NoError(t, err)
-	buf := make([]byte, 64)
-	require.NoError(t, b.SetReadDeadline(time.Now().Add(10*time.Second)))
-	n, from, err := b.ReadFrom(buf)
-	require.NoError(t, err)
-	require.Equal(t, "to the group", string(buf[:n]))
+	from := sendDatagram(t, a, ga, b, "to the group")
 	require.Equal(t, a.LocalAddr().(*dgram.Addr).QPN, from.(*dgram.Addr).QPN)
 
 	require.NoError(t, b.LeaveGroup(group))
 	_, err = a.WriteTo([]byte("again"), ga)
 	require.NoError(t, err)
 	require.NoError(t, b.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, _, err = b.ReadFrom(buf)
+	_, _, err = b.ReadFrom(make([]byte, 64))
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a member that left still receives")
 }

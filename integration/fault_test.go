@@ -163,8 +163,10 @@ func (f *faultedWrite) completions(t *testing.T) (write, recv endpoint.Completio
 	return got["write"], got["recv"]
 }
 
-// disarmDeviceFaults disarms the faults a test armed for good.
+// disarmDeviceFaults disarms every device fault a test may have armed,
+// for good or for a count not used up.
 func disarmDeviceFaults() {
+	verbs.FailCMEvents(nil, 0)
 	verbs.FailCQEvents(nil, 0)
 	verbs.FailCQArms(nil, 0)
 	verbs.FailQPMoves(nil, 0)
@@ -480,20 +482,14 @@ func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 
 	injected := errors.New("injected CM event channel failure")
 	verbs.FailCMEvents(injected, 1)
-	t.Cleanup(func() { verbs.FailCMEvents(nil, 0) })
+	t.Cleanup(disarmDeviceFaults)
 	for range 2 {
 		_, err := cli.Resolve(ctx, hostPort(other.LocalAddr().(*dgram.Addr)))
 		require.ErrorIs(t, err, injected)
 		require.NotErrorIs(t, err, net.ErrClosed, "the application closed nothing")
 	}
 
-	_, err := cli.WriteTo([]byte("still"), to)
-	require.NoError(t, err)
-	require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
-	buf := make([]byte, 64)
-	n, _, err := srv.ReadFrom(buf)
-	require.NoError(t, err)
-	require.Equal(t, "still", string(buf[:n]))
+	sendDatagram(t, cli, to, srv, "still")
 }
 
 // TestInjectedCMEventFailureEndsTheSharedChannel: a process's connected
@@ -518,7 +514,7 @@ func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 
 	injected := errors.New("injected CM event channel failure")
 	verbs.FailCMEvents(injected, 1)
-	t.Cleanup(func() { verbs.FailCMEvents(nil, 0) })
+	t.Cleanup(disarmDeviceFaults)
 	ep, err := cm.Dial(ctx, p.listener.Addr().String())
 	if ep != nil {
 		ep.Close()
