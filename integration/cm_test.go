@@ -23,9 +23,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
+	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
 func TestDialRefused(t *testing.T) {
@@ -410,6 +412,21 @@ func TestUnknownHostAndBadAddress(t *testing.T) {
 	_, err = cm.Dial(ctx, "127.0.0.1:7471")
 	require.ErrorContains(t, err, "loopback address has no RDMA device", "the error says what to do")
 	t.Logf("loopback: %v", err)
+
+	// A port out of range is refused as net refuses it. rdma_getaddrinfo
+	// would take it modulo 65536: a listener on 99999 came up on 34463.
+	bad := net.JoinHostPort(rxetest.Addr(t), "99999")
+	var addrErr *net.AddrError
+	_, err = cm.Listen(ctx, bad)
+	require.ErrorAs(t, err, &addrErr)
+	require.ErrorContains(t, err, "address 99999: invalid port")
+	_, err = cm.Dial(ctx, bad)
+	require.ErrorAs(t, err, &addrErr)
+	_, err = rdmanet.Listen(ctx, bad)
+	require.ErrorAs(t, err, &addrErr)
+	_, err = dgram.Listen(ctx, bad)
+	require.ErrorAs(t, err, &addrErr)
+	t.Logf("port out of range: %v", err)
 }
 
 func TestListenPortInUse(t *testing.T) {

@@ -10,8 +10,10 @@ package verbs
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"syscall"
 	"unsafe"
 )
@@ -438,8 +440,11 @@ type AddrInfo struct{ p *C.struct_rdma_addrinfo }
 
 // GetAddrInfo resolves host and port in port space ps. passive asks for an
 // address to bind and listen on (RAI_PASSIVE); host may then be empty (any
-// address).
+// address). A port number out of 0-65535 is refused as net refuses it.
 func GetAddrInfo(host, port string, passive bool, ps PortSpace) (*AddrInfo, error) {
+	if err := checkPort(port); err != nil {
+		return nil, err
+	}
 	var hints C.struct_rdma_addrinfo
 	hints.ai_port_space = C.int(ps)
 	if passive {
@@ -467,3 +472,18 @@ func GetAddrInfo(host, port string, passive bool, ps PortSpace) (*AddrInfo, erro
 
 // Free releases the list.
 func (ai *AddrInfo) Free() { C.rdma_freeaddrinfo(ai.p) }
+
+// checkPort refuses a port number out of 0-65535 with net's error for
+// it. getaddrinfo(3) would take the number modulo 65536 instead (99999
+// is port 34463), and a listener would come up on a port nobody asked
+// for. A name (a service of /etc/services) is getaddrinfo's to resolve.
+func checkPort(port string) error {
+	n, err := strconv.ParseInt(port, 10, 32)
+	if errors.Is(err, strconv.ErrSyntax) {
+		return nil // a name, or empty: any port
+	}
+	if err != nil || n < 0 || n > 65535 {
+		return &net.AddrError{Err: "invalid port", Addr: port}
+	}
+	return nil
+}

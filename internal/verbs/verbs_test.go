@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"errors"
+	"net"
 	"syscall"
 	"testing"
 )
@@ -30,5 +31,22 @@ func TestCallError(t *testing.T) {
 	err = callError("rdma_create_qp", nil)
 	if !errors.Is(err, syscall.EIO) || err.Error() != "rdma_create_qp: failed without an errno: input/output error" {
 		t.Errorf("without an errno: %v", err)
+	}
+}
+
+// A port number out of range is refused before rdma_getaddrinfo, which
+// would take it modulo 65536, with net's error; no device needed.
+func TestPortOutOfRangeIsRefused(t *testing.T) {
+	for _, port := range []string{"65536", "99999", "-1", "99999999999999999999"} {
+		_, err := GetAddrInfo("10.0.0.1", port, true, PortSpaceTCP)
+		var addrErr *net.AddrError
+		if !errors.As(err, &addrErr) || err.Error() != "address "+port+": invalid port" {
+			t.Errorf("port %q: %v, want net's invalid port", port, err)
+		}
+	}
+	for _, port := range []string{"0", "65535", "7471", "", "http"} {
+		if err := checkPort(port); err != nil {
+			t.Errorf("port %q: %v", port, err)
+		}
 	}
 }
