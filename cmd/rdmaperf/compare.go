@@ -75,6 +75,32 @@ func (set compareSet) sizesOf(test string) []int {
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
 	"stream_bw", "stream_lat", "rendezvous", "ud_bw"}
 
+// compareRows are the tests -compare runs alone, each its own table
+// (runCompare); rpc and connect also run as a server and a client.
+var compareRows = []string{"rpc", "connect", "monitor", "grpc"}
+
+// checkTests refuses a -test that names no test before anything runs: for
+// a server or a client one test of compareTests, rpc or connect; with
+// -compare a list of compareTests, or one of compareRows alone.
+func checkTests(test string, compare bool) error {
+	if !compare {
+		if slices.Contains(compareTests, test) || test == "rpc" || test == "connect" {
+			return nil
+		}
+		return fmt.Errorf("-test %q: want one of %s, rpc or connect", test, strings.Join(compareTests, ", "))
+	}
+	if slices.Contains(compareRows, test) {
+		return nil
+	}
+	for _, t := range strings.Split(test, ",") {
+		if !slices.Contains(compareTests, t) {
+			return fmt.Errorf("-test %q: %q is none of %s; or give one of %s alone", test, t,
+				strings.Join(compareTests, ", "), strings.Join(compareRows, ", "))
+		}
+	}
+	return nil
+}
+
 // fixedSizes are the sizes of the tests that run one unless -sizes or
 // -size says otherwise, the issues': 64 KiB
 // writes for stream bandwidth (and 1 KiB, where small writes are

@@ -14,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 )
 
 // config is one measurement's parameters, shared by server and client.
@@ -100,6 +102,13 @@ func main() {
 	repeat := flag.Int("repeat", 1, "with -compare: run each pair this many times and keep the medians")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process to `file`")
 	flag.Parse()
+	// -size 0 is the connect test's, which moves no data.
+	if err := cmp.Or(flagcheck.AtLeast(flag.CommandLine, 0, "size", "iters"),
+		flagcheck.AtLeast(flag.CommandLine, 1, "depth", "batch", "reads", "callers", "repeat"),
+		checkTests(*test, *compare)); err != nil {
+		fmt.Fprintln(os.Stderr, "rdmaperf:", err)
+		os.Exit(2)
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -119,7 +128,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *compare {
-		set := compareSet{tests: deviceTests(), sizes: compareSizes, repeat: max(1, *repeat)}
+		set := compareSet{tests: deviceTests(), sizes: compareSizes, repeat: *repeat}
 		flag.Visit(func(f *flag.Flag) { // -test and -sizes narrow the comparison
 			switch f.Name {
 			case "test":

@@ -18,6 +18,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -34,6 +35,7 @@ import (
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/exampleaddr"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 )
 
 func main() {
@@ -45,6 +47,7 @@ func main() {
 	verify := flag.Bool("verify", true, "check every echoed byte")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7471")
+	err = cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "size", "count", "concurrency"), err)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "echo:", err)
 		os.Exit(2)

@@ -17,10 +17,23 @@ import (
 
 	"github.com/go-rdma/rdmacm/examples/grpc/echopb"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/toolrun"
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	toolrun.MainIfAsked(main)
+	goleak.VerifyTestMain(m)
+}
+
+// TestOutOfRangeFlagsAreUsageErrors: a size below 0, or a count or
+// callers below 1, stops the example before it listens or dials, naming
+// the flag. Such values made it panic.
+func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
+	for _, args := range [][2]string{{"size", "-1"}, {"count", "0"}, {"count", "-1"}, {"callers", "-1"}} {
+		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+	}
+}
 
 // TestGRPCOverRdmanet: grpc-go unchanged over rdmanet, on the device. 8
 // goroutines make 400 unary calls on one client connection, then 400

@@ -16,6 +16,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/examples/grpc/echopb"
 	"github.com/go-rdma/rdmacm/internal/exampleaddr"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
@@ -42,6 +44,8 @@ func main() {
 	asJSON := flag.Bool("json", false, "bench: print one JSON object per transport")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7473")
+	err = cmp.Or(flagcheck.AtLeast(flag.CommandLine, 0, "size"),
+		flagcheck.AtLeast(flag.CommandLine, 1, "count", "callers"), err)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "grpc:", err)
 		os.Exit(2)

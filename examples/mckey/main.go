@@ -11,6 +11,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/dgram"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 )
 
 func main() {
@@ -31,6 +33,10 @@ func main() {
 	wait := flag.Duration("wait", 3*time.Second, "pause after joining (mckey's is 3 s)")
 	timeout := flag.Duration("timeout", time.Minute, "give up after this long")
 	flag.Parse()
+	if err := cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "c"), flagcheck.AtLeast(flag.CommandLine, 0, "C", "S")); err != nil {
+		fmt.Fprintln(os.Stderr, "mckey:", err)
+		os.Exit(2)
+	}
 	role := "server"
 	if *sender {
 		role = "client"

@@ -18,6 +18,15 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// TestOutOfRangeFlagsAreUsageErrors: -c below 1, or -C or -S below 0,
+// stops mckey before it binds, naming the flag. Such values made it
+// panic.
+func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
+	for _, args := range [][2]string{{"c", "0"}, {"c", "-1"}, {"C", "-1"}, {"S", "-1"}} {
+		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+	}
+}
+
 // TestInteropWithLibrdmacm: a group of three members, each a process of
 // its own: two receivers and a sender, in the pairings of this mckey and
 // librdmacm's. Every receiver's "return status 0" says it received the

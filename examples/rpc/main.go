@@ -11,6 +11,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/internal/exampleaddr"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
@@ -37,6 +39,7 @@ func main() {
 	metrics := flag.String("metrics", "", "server and demo: serve the server's counters at http://`host:port`/metrics (Prometheus)")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7472")
+	err = cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "callers", "calls", "blob"), err)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rpc:", err)
 		os.Exit(2)

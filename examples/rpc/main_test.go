@@ -15,10 +15,22 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/toolrun"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	toolrun.MainIfAsked(main)
+	goleak.VerifyTestMain(m)
+}
+
+// TestOutOfRangeFlagsAreUsageErrors: a count or size below 1 stops rpc
+// before it listens or dials, naming the flag. Such values made it panic.
+func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
+	for _, args := range [][2]string{{"callers", "0"}, {"callers", "-1"}, {"calls", "0"}, {"blob", "0"}} {
+		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+	}
+}
 
 // TestMetricsCountTheCalls: the example's server counts the calls a client
 // makes and serves the counts in the Prometheus text format; everything

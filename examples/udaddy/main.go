@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/dgram"
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 )
 
 func main() {
@@ -32,6 +34,10 @@ func main() {
 	port := flag.String("port", "7174", "the port (librdmacm's udaddy always uses 7174)")
 	timeout := flag.Duration("timeout", time.Minute, "give up after this long")
 	flag.Parse()
+	if err := cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "c"), flagcheck.AtLeast(flag.CommandLine, 0, "C", "S")); err != nil {
+		fmt.Fprintln(os.Stderr, "udaddy:", err)
+		os.Exit(2)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error

@@ -19,6 +19,15 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// TestOutOfRangeFlagsAreUsageErrors: -c below 1, or -C or -S below 0,
+// stops udaddy before it binds, naming the flag. Such values made it
+// panic.
+func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
+	for _, args := range [][2]string{{"c", "0"}, {"c", "-1"}, {"C", "-1"}, {"S", "-1"}} {
+		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+	}
+}
+
 // TestInteropWithLibrdmacm runs this udaddy and librdmacm's in every
 // pairing of server and client: 2 clients of 10 datagrams of 100 bytes
 // each way. Each side's "return status 0" says it sent and received them

@@ -7,6 +7,7 @@ package toolrun
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -111,4 +112,18 @@ func (p *Proc) Wait() (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.out.String(), err
+}
+
+// RequireRefused runs this example's main with args, which give flag a
+// value out of its range, and requires a usage error: exit status 2, with
+// output that names -flag and holds no panic.
+func RequireRefused(t *testing.T, flag string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := Go(t, ctx, args...).Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "-"+flag) || strings.Contains(out, "panic") {
+		t.Errorf("%s: want exit status 2 and a message naming -%s; got %v:\n%s", strings.Join(args, " "), flag, err, out)
+	}
 }
