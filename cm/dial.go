@@ -98,8 +98,14 @@ func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint
 
 // hint says what to do about a dial error a newcomer would not understand.
 func hint(host string, err error) string {
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() && (errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EINVAL)) {
+	if !errors.Is(err, syscall.ENODEV) && !errors.Is(err, syscall.EINVAL) {
+		return ""
+	}
+	switch ip := net.ParseIP(host); {
+	case ip != nil && ip.IsLoopback():
 		return " (a loopback address has no RDMA device: dial the address of an RDMA-capable interface)"
+	case host == "" || ip != nil && ip.IsUnspecified():
+		return " (an unspecified address names no interface: dial the address of an RDMA-capable interface)"
 	}
 	return ""
 }

@@ -412,6 +412,11 @@ func TestUnknownHostAndBadAddress(t *testing.T) {
 	_, err = cm.Dial(ctx, "127.0.0.1:7471")
 	require.ErrorContains(t, err, "loopback address has no RDMA device", "the error says what to do")
 	t.Logf("loopback: %v", err)
+	for _, addr := range []string{"0.0.0.0:7471", "[::]:7471", ":7471"} {
+		_, err = cm.Dial(ctx, addr)
+		require.ErrorContains(t, err, "dial the address of an RDMA-capable interface", "the error says what to do")
+		t.Logf("unspecified: %v", err)
+	}
 
 	// A port out of range is refused as net refuses it. rdma_getaddrinfo
 	// would take it modulo 65536: a listener on 99999 came up on 34463.
