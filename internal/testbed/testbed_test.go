@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -115,4 +116,36 @@ func TestWaitForJobsFindsAHungBoot(t *testing.T) {
 
 	hung := newGuest(2)
 	require.Same(t, hung, waitForJobs(context.Background(), []*guest{booting, hung}, 300*time.Millisecond))
+}
+
+// TestAcceptUntilGivesUpWhenQemuExits: the accept of a guest's output
+// socket returns qemu's connection, and gives up once qemu has exited
+// without connecting or ctx ended. Before, it waited for ctx alone, and
+// rxevm hung for good on a qemu that refused its arguments (-m -5).
+func TestAcceptUntilGivesUpWhenQemuExits(t *testing.T) {
+	listen := func() net.Listener {
+		l, err := net.Listen("unix", filepath.Join(t.TempDir(), "tty.sock"))
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	l := listen()
+	go func() {
+		if c, err := net.Dial("unix", l.Addr().String()); err == nil {
+			defer c.Close()
+		}
+	}()
+	conn, err := acceptUntil(t.Context(), make(chan struct{}), l)
+	require.NoError(t, err, "qemu connected")
+	conn.Close()
+
+	exited := make(chan struct{})
+	time.AfterFunc(50*time.Millisecond, func() { close(exited) })
+	_, err = acceptUntil(t.Context(), exited, listen())
+	require.ErrorIs(t, err, net.ErrClosed, "qemu exited without connecting")
+
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err = acceptUntil(ctx, make(chan struct{}), listen())
+	require.ErrorIs(t, err, net.ErrClosed, "ctx ended")
 }

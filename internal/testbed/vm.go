@@ -362,7 +362,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		go func() {
 			defer g.copies.Done()
 			defer l.Close()
-			conn, err := acceptUntil(ctx, l)
+			conn, err := acceptUntil(ctx, g.exited, l)
 			if err != nil {
 				return
 			}
@@ -384,6 +384,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
+		close(g.exited) // the sockets' accepts give up
 		return nil, fmt.Errorf("testbed: starting qemu: %w", err)
 	}
 	g.cmd = cmd
@@ -394,11 +395,22 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 	return g, nil
 }
 
-// acceptUntil accepts one connection, giving up when ctx ends (qemu failed
-// to start, or was killed before it connected).
-func acceptUntil(ctx context.Context, l net.Listener) (net.Conn, error) {
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
+// acceptUntil accepts qemu's connection to l, giving up when ctx ends or
+// qemu has exited without connecting: it refused its arguments, say, and
+// the guest's output copies must not wait for it (waitForGuests waits for
+// them).
+func acceptUntil(ctx context.Context, exited <-chan struct{}, l net.Listener) (net.Conn, error) {
+	accepted := make(chan struct{})
+	defer close(accepted)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-exited:
+		case <-accepted:
+			return
+		}
+		l.Close()
+	}()
 	return l.Accept()
 }
 
