@@ -124,9 +124,6 @@ func newDialOptions(opts []DialOption) (dialOptions, error) {
 	if len(o.hs.privateData) > verbs.MaxConnPrivateData {
 		return o, invalid("%d bytes of private data, a connect request carries at most %d", len(o.hs.privateData), verbs.MaxConnPrivateData)
 	}
-	if o.resolveTimeout <= 0 {
-		return o, invalid("resolve timeout %v", o.resolveTimeout)
-	}
 	return o, o.conn.finish()
 }
 
@@ -351,7 +348,7 @@ func WithSetup(f func(*endpoint.Endpoint) error) HandshakeOption {
 func WithResolveTimeout(d time.Duration) DialOption {
 	return dialOnly(func(o *dialOptions) {
 		if d <= 0 {
-			d = -1 // refused by newDialOptions
+			o.conn.refuse("resolve timeout %v, want more than 0", d)
 		}
 		o.resolveTimeout = d
 	})
@@ -363,12 +360,18 @@ func WithResolveTimeout(d time.Duration) DialOption {
 // against msg.Listener) overflowed a queue of 64 and was rejected.
 const defaultBacklog = 1024
 
+// maxBacklog bounds WithBacklog: the listener holds a queue of that many
+// requests in memory, and 65535 is the largest listen backlog a socket has
+// had on Linux. The kernel's own bound (rdma_ucm's max_backlog, 1024 by
+// default) is usually the narrower.
+const maxBacklog = 65535
+
 // WithBacklog sets how many connect requests wait for Accept before new
-// ones are rejected (default 1024, the kernel's max_backlog).
+// ones are rejected: 1 to 65535 (default 1024, the kernel's max_backlog).
 func WithBacklog(n int) ListenOption {
 	return listenOnly(func(o *listenOptions) {
-		if n < 1 && o.err == nil {
-			o.err = invalid("backlog %d", n)
+		if (n < 1 || n > maxBacklog) && o.err == nil {
+			o.err = invalid("backlog %d, want 1-%d", n, maxBacklog)
 		}
 		o.backlog = n
 	})

@@ -3,7 +3,10 @@ package cm
 import (
 	"context"
 	"errors"
+	"math"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
 )
@@ -19,6 +22,29 @@ func TestReadDepthOutOfRangeIsRefused(t *testing.T) {
 		_, err = Listen(context.Background(), "127.0.0.1:0", WithReadDepth(n))
 		if !errors.Is(err, endpoint.ErrInvalid) {
 			t.Errorf("Listen with WithReadDepth(%d): %v, want ErrInvalid", n, err)
+		}
+	}
+}
+
+// A backlog outside 1-65535 is refused before anything is created. The
+// listener holds a queue of that many requests: WithBacklog(math.MaxInt32)
+// made Listen allocate 16 GiB for it, and the process died out of memory.
+func TestBacklogOutOfRangeIsRefused(t *testing.T) {
+	for _, n := range []int{0, -1, maxBacklog + 1, math.MaxInt32, math.MaxInt} {
+		_, err := Listen(context.Background(), "127.0.0.1:0", WithBacklog(n))
+		if !errors.Is(err, endpoint.ErrInvalid) {
+			t.Errorf("Listen with WithBacklog(%d): %v, want ErrInvalid", n, err)
+		}
+	}
+}
+
+// A resolve timeout of 0 or less is refused, and the error gives the value
+// asked for (it said -1ns for 0).
+func TestResolveTimeoutOutOfRangeIsRefused(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := newDialOptions([]DialOption{WithResolveTimeout(d)})
+		if !errors.Is(err, endpoint.ErrInvalid) || !strings.Contains(err.Error(), "resolve timeout "+d.String()) {
+			t.Errorf("WithResolveTimeout(%v): %v", d, err)
 		}
 	}
 }
