@@ -45,7 +45,10 @@ func newOptions(opts []Option) (options, error) {
 	if o.recvDepth < minRecvDepth {
 		return o, errorf("receive depth %d: at least %d", o.recvDepth, minRecvDepth)
 	}
-	if o.keepalive > 0 && o.keepaliveTimeout > 0 && o.keepaliveTimeout < 2*o.keepalive {
+	if o.keepalive < 0 || o.keepaliveTimeout < 0 {
+		return o, errorf("keepalive interval %v and timeout %v: 0 turns one off, neither may be negative", o.keepalive, o.keepaliveTimeout)
+	}
+	if o.keepalive > 0 && o.keepaliveTimeout > 0 && o.keepaliveTimeout/2 < o.keepalive {
 		return o, errorf("keepalive timeout %v: at least twice the interval %v", o.keepaliveTimeout, o.keepalive)
 	}
 	if o.rvCache < 0 {

@@ -2,6 +2,7 @@ package msg
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -46,4 +47,18 @@ func TestRegionClasses(t *testing.T) {
 	require.Equal(t, 2*minRegionClass, regionClass(minRegionClass+1))
 	require.Equal(t, 8<<20, regionClass(8<<20), "an 8 MiB message takes an 8 MiB region")
 	require.Equal(t, 1<<31, regionClass(maxRendezvous))
+}
+
+// A negative keepalive interval or timeout is refused: 0 turns one off,
+// and a negative one had turned it off too, unsaid. A timeout below twice
+// the interval is refused however large both are (2*interval overflowed).
+func TestKeepaliveOutOfRangeIsRefused(t *testing.T) {
+	for _, k := range [][2]time.Duration{{-1, 0}, {0, -1}, {-time.Second, 10 * time.Second}, {math.MaxInt64, math.MaxInt64}, {time.Second, time.Second}} {
+		_, err := newOptions([]Option{WithKeepalive(k[0], k[1])})
+		require.ErrorContains(t, err, "keepalive", "interval %v, timeout %v", k[0], k[1])
+	}
+	for _, k := range [][2]time.Duration{{0, 0}, {time.Second, 0}, {0, time.Second}, {time.Second, 2 * time.Second}, {time.Second, math.MaxInt64}} {
+		_, err := newOptions([]Option{WithKeepalive(k[0], k[1])})
+		require.NoError(t, err, "interval %v, timeout %v", k[0], k[1])
+	}
 }
