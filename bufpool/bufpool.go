@@ -208,7 +208,7 @@ type options struct {
 	size, count int
 }
 
-// Option configures New.
+// Option configures New. A nil Option is ignored.
 type Option func(*options)
 
 // Size sets the size of each buffer in bytes (default 4096).
@@ -238,7 +238,9 @@ type Pool struct {
 func New(pd *PD, opts ...Option) (*Pool, error) {
 	o := options{size: 4096, count: 256}
 	for _, f := range opts {
-		f(&o)
+		if f != nil {
+			f(&o)
+		}
 	}
 	if o.size <= 0 || o.count <= 0 || o.size > math.MaxInt32/o.count {
 		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive, and their product below 2 GiB", o.size, o.count)

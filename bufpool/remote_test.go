@@ -44,3 +44,10 @@ func TestRemoteDescribesLargeRegions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Remote{Addr: 1<<40 + 4<<30, RKey: 1, Len: 1 << 30}, s)
 }
+
+// A nil Option is ignored, as an option left unset: before, New panicked
+// with a nil dereference applying it. The sizes are still checked first.
+func TestNilOptionIsIgnored(t *testing.T) {
+	_, err := New(nil, nil, Size(0))
+	require.ErrorContains(t, err, "size 0 and count 256")
+}

@@ -13,6 +13,7 @@ import (
 )
 
 // The option kinds; the package documentation says which call takes which.
+// A nil option of any kind is ignored, as an option left unset.
 type (
 	// DialOption configures Dial.
 	DialOption interface{ applyDial(*dialOptions) }
@@ -26,17 +27,30 @@ type (
 // every connection the listener accepts) and by Accept.
 type Option func(*connOptions)
 
-func (f Option) applyDial(o *dialOptions)     { f(&o.conn) }
-func (f Option) applyListen(o *listenOptions) { f(&o.conn) }
-func (f Option) applyAccept(o *acceptOptions) { f(&o.conn) }
+func (f Option) applyDial(o *dialOptions)     { f.apply(&o.conn) }
+func (f Option) applyListen(o *listenOptions) { f.apply(&o.conn) }
+func (f Option) applyAccept(o *acceptOptions) { f.apply(&o.conn) }
+
+func (f Option) apply(o *connOptions) {
+	if f != nil {
+		f(o)
+	}
+}
 
 // HandshakeOption configures one connection's handshake: it is accepted by
 // Dial and Accept.
 type HandshakeOption func(*handshake)
 
-func (f HandshakeOption) applyDial(o *dialOptions)     { f(&o.hs) }
-func (f HandshakeOption) applyAccept(o *acceptOptions) { f(&o.hs) }
+func (f HandshakeOption) applyDial(o *dialOptions)     { f.apply(&o.hs) }
+func (f HandshakeOption) applyAccept(o *acceptOptions) { f.apply(&o.hs) }
 
+func (f HandshakeOption) apply(o *handshake) {
+	if f != nil {
+		f(o)
+	}
+}
+
+// dialOnly and listenOnly are never nil: only this package makes them.
 type dialOnly func(*dialOptions)
 
 func (f dialOnly) applyDial(o *dialOptions) { f(o) }
@@ -91,7 +105,7 @@ func init() {
 	seam.ConnOptions = func(opts any) (seam.EndpointConfig, bool, error) {
 		o := defaultConn()
 		for _, f := range opts.([]Option) {
-			f(&o)
+			f.apply(&o)
 		}
 		return o.ep, o.rnrRetrySet, o.finish()
 	}
@@ -119,7 +133,9 @@ const (
 func newDialOptions(opts []DialOption) (dialOptions, error) {
 	o := dialOptions{conn: defaultConn(), resolveTimeout: 2 * time.Second}
 	for _, f := range opts {
-		f.applyDial(&o)
+		if f != nil {
+			f.applyDial(&o)
+		}
 	}
 	if len(o.hs.privateData) > verbs.MaxConnPrivateData {
 		return o, invalid("%d bytes of private data, a connect request carries at most %d", len(o.hs.privateData), verbs.MaxConnPrivateData)
@@ -130,7 +146,9 @@ func newDialOptions(opts []DialOption) (dialOptions, error) {
 func newListenOptions(opts []ListenOption) (listenOptions, error) {
 	o := listenOptions{conn: defaultConn(), backlog: defaultBacklog}
 	for _, f := range opts {
-		f.applyListen(&o)
+		if f != nil {
+			f.applyListen(&o)
+		}
 	}
 	if o.err != nil {
 		return o, o.err
@@ -142,7 +160,9 @@ func newListenOptions(opts []ListenOption) (listenOptions, error) {
 func newAcceptOptions(base connOptions, opts []AcceptOption) (acceptOptions, error) {
 	o := acceptOptions{conn: base}
 	for _, f := range opts {
-		f.applyAccept(&o)
+		if f != nil {
+			f.applyAccept(&o)
+		}
 	}
 	if len(o.hs.privateData) > verbs.MaxAcceptPrivateData {
 		return o, invalid("%d bytes of private data, an accept carries at most %d", len(o.hs.privateData), verbs.MaxAcceptPrivateData)

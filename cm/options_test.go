@@ -38,6 +38,22 @@ func TestBacklogOutOfRangeIsRefused(t *testing.T) {
 	}
 }
 
+// A nil option of any kind is ignored, as an option left unset: before,
+// applying one panicked with a nil dereference.
+func TestNilOptionsAreIgnored(t *testing.T) {
+	d, err := newDialOptions([]DialOption{nil, Option(nil), HandshakeOption(nil)})
+	if err != nil || d.resolveTimeout != 2*time.Second || d.conn.readDepth != defaultReadDepth {
+		t.Errorf("Dial's: %+v, %v", d, err)
+	}
+	l, err := newListenOptions([]ListenOption{nil, Option(nil)})
+	if err != nil || l.backlog != defaultBacklog {
+		t.Errorf("Listen's: %+v, %v", l, err)
+	}
+	if _, err := newAcceptOptions(defaultConn(), []AcceptOption{nil, Option(nil), HandshakeOption(nil)}); err != nil {
+		t.Errorf("Accept's: %v", err)
+	}
+}
+
 // A resolve timeout of 0 or less is refused, and the error gives the value
 // asked for (it said -1ns for 0).
 func TestResolveTimeoutOutOfRangeIsRefused(t *testing.T) {

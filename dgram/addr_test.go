@@ -72,3 +72,16 @@ func TestAddrString(t *testing.T) {
 		t.Fatal(a.Network())
 	}
 }
+
+// A nil Option is ignored, as an option left unset: before, applying one
+// panicked with a nil dereference.
+func TestNilOptionIsIgnored(t *testing.T) {
+	want, err := newOptions(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := newOptions([]Option{nil})
+	if err != nil || got.sendDepth != want.sendDepth || got.recvDepth != want.recvDepth {
+		t.Errorf("got %+v, %v; want %+v", got, err, want)
+	}
+}

@@ -8,7 +8,7 @@ import (
 	"github.com/go-rdma/rdmacm/endpoint"
 )
 
-// Option configures Listen and Dial.
+// Option configures Listen and Dial. A nil Option is ignored.
 type Option func(*options)
 
 type options struct {
@@ -21,7 +21,9 @@ type options struct {
 func newOptions(opts []Option) (options, error) {
 	o := options{sendDepth: 128, recvDepth: 256, peers: 1024, logger: zerolog.Nop()}
 	for _, f := range opts {
-		f(&o)
+		if f != nil {
+			f(&o)
+		}
 	}
 	return o, o.err
 }

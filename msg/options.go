@@ -33,14 +33,16 @@ type options struct {
 	polls bool
 }
 
-// Option configures Dial, Listen and Conn.
+// Option configures Dial, Listen and Conn. A nil Option is ignored.
 type Option func(*options)
 
 func newOptions(opts []Option) (options, error) {
 	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
 		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20}
 	for _, f := range opts {
-		f(&o)
+		if f != nil {
+			f(&o)
+		}
 	}
 	if o.recvDepth < minRecvDepth {
 		return o, errorf("receive depth %d: at least %d", o.recvDepth, minRecvDepth)

@@ -49,6 +49,17 @@ func TestRegionClasses(t *testing.T) {
 	require.Equal(t, 1<<31, regionClass(maxRendezvous))
 }
 
+// A nil Option is ignored, at every level, as an option left unset:
+// before, applying one panicked with a nil dereference.
+func TestNilOptionsAreIgnored(t *testing.T) {
+	want, err := newOptions(nil)
+	require.NoError(t, err)
+	o, err := newOptions([]Option{nil, WithCMOptions(nil), WithCMOptions(cm.Option(nil))})
+	require.NoError(t, err)
+	require.Equal(t, want.recvDepth, o.recvDepth)
+	require.Equal(t, want.keepalive, o.keepalive)
+}
+
 // A negative keepalive interval or timeout is refused: 0 turns one off,
 // and a negative one had turned it off too, unsaid. A timeout below twice
 // the interval is refused however large both are (2*interval overflowed).

@@ -41,3 +41,11 @@ func TestPeerEndedErrorKeepsNetsMeaning(t *testing.T) {
 	require.ErrorAs(t, newPeerEndedError(crash), &ce)
 	require.Equal(t, endpoint.StatusFlushed, ce.Status)
 }
+
+// A nil Option is ignored, as an option left unset: before, applying one
+// panicked with a nil dereference.
+func TestNilOptionIsIgnored(t *testing.T) {
+	if got, want := len(msgOptions([]Option{nil})), len(msgOptions(nil)); got != want {
+		t.Errorf("%d msg options with a nil Option, %d without", got, want)
+	}
+}

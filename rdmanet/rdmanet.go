@@ -44,7 +44,7 @@ const (
 	recvDepth  = 32
 )
 
-// Option configures Dial and Listen.
+// Option configures Dial and Listen. A nil Option is ignored.
 type Option func(*options)
 
 // options is what the Options given to Dial or Listen say: the msg
@@ -64,7 +64,9 @@ func msgOptions(opts []Option) []msg.Option {
 	o := options{msg: []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth),
 		seam.StreamReader.(msg.Option)}}
 	for _, f := range opts {
-		f(&o)
+		if f != nil {
+			f(&o)
+		}
 	}
 	return o.msg
 }
