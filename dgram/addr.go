@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 )
 
 // Network is the name of the network of an Addr.
@@ -80,4 +81,15 @@ func ipv4ChecksumOK(h []byte) bool {
 		sum = sum&0xffff + sum>>16
 	}
 	return sum == 0xffff
+}
+
+// splitHostPort is net.SplitHostPort for the addresses Dial and Resolve
+// take: host:port, or an Addr's String ("10.0.0.1:7174/qp=0x11"), as net's
+// dials take a LocalAddr's. The service resolves the queue pair again: a
+// peer's listener that was opened anew answers with its new one.
+func splitHostPort(addr string) (host, port string, err error) {
+	if i := strings.LastIndex(addr, "/qp="); i >= 0 {
+		addr = addr[:i]
+	}
+	return net.SplitHostPort(addr)
 }

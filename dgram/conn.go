@@ -141,9 +141,10 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 }
 
 // Dial binds a datagram queue pair to the local address that routes to
-// addr ("host:port", where a Conn or librdmacm's udaddy listens), resolves
-// addr, and returns a Conn whose Write sends to it and whose Read returns
-// only its datagrams. ctx bounds the resolution.
+// addr ("host:port", where a Conn or librdmacm's udaddy listens, or that
+// Conn's LocalAddr().String()), resolves addr, and returns a Conn whose
+// Write sends to it and whose Read returns only its datagrams. ctx bounds
+// the resolution.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	fail := func(err error) (*Conn, error) { return nil, &net.OpError{Op: "dial", Net: Network, Err: err} }
 	o, err := newOptions(opts)
@@ -168,7 +169,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 // localIPFor resolves addr's route (rdma_resolve_addr) only to learn the
 // local address, and so the device, that reaches it.
 func localIPFor(ctx context.Context, addr string) (net.IP, error) {
-	host, port, err := net.SplitHostPort(addr)
+	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +232,11 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	}
 	undo = append(undo, c.id.DestroyEP)
 	if c.vctx = c.id.Context(); c.vctx == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			// Dial comes here too for a peer that routes through
+			// loopback, 0.0.0.0 say.
+			return nil, fmt.Errorf("dgram: %s is a loopback address, which no RDMA device has: use the address of an RDMA-capable interface", host)
+		}
 		return nil, fmt.Errorf("dgram: %s is on no RDMA device: %w", host, verbs.ErrNoDevice)
 	}
 	dev, err := c.vctx.QueryDevice()

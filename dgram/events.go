@@ -182,19 +182,23 @@ func (c *Conn) withID(steps func(id *verbs.CMID, w chan *verbs.Event) (keep bool
 }
 
 // Resolve finds the datagram queue pair that listens on addr ("host:port":
-// a Conn's Listen address, or librdmacm's udaddy server) by rdma_cm's
+// a Conn's Listen address, or librdmacm's udaddy server; or an Addr's
+// String, whose queue pair number it resolves again) by rdma_cm's
 // service ID resolution, makes the address handle to it, and returns its
 // address for WriteTo. Answers are cached: resolving addr again costs
 // nothing. ctx bounds the resolution. A port nobody listens on gives an
 // error matching syscall.ECONNREFUSED.
 func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
-	if a := c.paths.peer(addr); a != nil {
-		return a, nil
-	}
 	fail := func(err error) (*Addr, error) {
 		return nil, &net.OpError{Op: "resolve", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w", addr, err)}
 	}
-	host, port, err := net.SplitHostPort(addr)
+	if c.closed.Load() { // an answer cached before is no use after Close
+		return fail(net.ErrClosed)
+	}
+	if a := c.paths.peer(addr); a != nil {
+		return a, nil
+	}
+	host, port, err := splitHostPort(addr)
 	if err != nil {
 		return fail(err)
 	}

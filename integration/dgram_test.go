@@ -45,7 +45,7 @@ func resolvedDgramPair(t *testing.T, ctx context.Context) (srv, cli *dgram.Conn,
 		return nil, nil, nil
 	}
 	cli = listenDgram(t, ctx)
-	to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+	to, err := cli.Resolve(ctx, srv.LocalAddr().String())
 	require.NoError(t, err)
 	return srv, cli, to
 }
@@ -185,10 +185,10 @@ func TestDatagramDialReadsOnlyItsPeer(t *testing.T) {
 		return
 	}
 	stranger := listenDgram(t, ctx)
-	d, err := dgram.Dial(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+	d, err := dgram.Dial(ctx, srv.LocalAddr().String())
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()
-	toD, err := stranger.Resolve(ctx, hostPort(d.LocalAddr().(*dgram.Addr)))
+	toD, err := stranger.Resolve(ctx, d.LocalAddr().String())
 	require.NoError(t, err)
 	_, err = stranger.WriteTo([]byte("stranger"), toD)
 	require.NoError(t, err)
@@ -215,9 +215,6 @@ func TestDatagramDialReadsOnlyItsPeer(t *testing.T) {
 	require.Equal(t, uint64(1), st.Discarded, "%+v", st)
 	require.Equal(t, uint64(1), st.DatagramsReceived, "%+v", st)
 }
-
-// hostPort is where a Conn listens, for Resolve.
-func hostPort(a *dgram.Addr) string { return net.JoinHostPort(a.IP.String(), strconv.Itoa(a.Port)) }
 
 // echoDatagrams sends every datagram back to its sender, with its
 // immediate data, until n have been echoed (n < 0: until an error).
@@ -261,7 +258,7 @@ func TestDatagramManyPeers(t *testing.T) {
 		cli := listenDgram(t, ctx)
 		go func() {
 			errs <- func() error {
-				to, err := cli.Resolve(ctx, hostPort(srv.LocalAddr().(*dgram.Addr)))
+				to, err := cli.Resolve(ctx, srv.LocalAddr().String())
 				if err != nil {
 					return err
 				}
@@ -304,7 +301,7 @@ func TestDatagramReceiverFallsBehind(t *testing.T) {
 		return
 	}
 	fast := listenDgram(t, ctx)
-	to, err := fast.Resolve(ctx, hostPort(slow.LocalAddr().(*dgram.Addr)))
+	to, err := fast.Resolve(ctx, slow.LocalAddr().String())
 	require.NoError(t, err)
 	const sent = 200
 	for i := range sent {
@@ -346,6 +343,11 @@ func TestDatagramBadInputAndClose(t *testing.T) {
 	}
 	_, err := dgram.Listen(ctx, "0.0.0.0:0")
 	require.ErrorContains(t, err, "not a wildcard")
+	// A loopback address has no device; an unspecified peer routes there.
+	_, err = dgram.Listen(ctx, "127.0.0.1:0")
+	require.ErrorContains(t, err, "use the address of an RDMA-capable interface")
+	_, err = dgram.Dial(ctx, "0.0.0.0:7174")
+	require.ErrorContains(t, err, "use the address of an RDMA-capable interface")
 	_, err = dgram.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), dgram.WithSendDepth(-1))
 	require.ErrorIs(t, err, endpoint.ErrInvalid)
 
@@ -358,6 +360,12 @@ func TestDatagramBadInputAndClose(t *testing.T) {
 	_, err = c.JoinGroup(ctx, rxetest.Addr(t))
 	require.ErrorIs(t, err, endpoint.ErrInvalid)
 	require.ErrorIs(t, c.LeaveGroup("239.9.9.9"), endpoint.ErrInvalid)
+
+	// Resolved once, a peer's address is cached, but not past Close.
+	peer := listenDgram(t, ctx)
+	_, err = c.Resolve(ctx, peer.LocalAddr().String())
+	require.NoError(t, err)
+	defer peer.Close()
 
 	// Nobody listens on this port: resolution is refused.
 	other := listenDgram(t, ctx)
@@ -395,6 +403,8 @@ func TestDatagramBadInputAndClose(t *testing.T) {
 	require.ErrorIs(t, err, net.ErrClosed)
 	_, err = c.Resolve(ctx, "10.1.1.1:1")
 	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = c.Resolve(ctx, peer.LocalAddr().String())
+	require.ErrorIs(t, err, net.ErrClosed, "a cached answer too")
 	_, err = c.JoinGroup(ctx, "239.1.1.1")
 	require.ErrorIs(t, err, net.ErrClosed)
 	require.ErrorIs(t, c.SetReadDeadline(time.Now()), net.ErrClosed)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
-	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -484,7 +483,7 @@ func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 	verbs.FailCMEvents(injected, 1)
 	t.Cleanup(disarmDeviceFaults)
 	for range 2 {
-		_, err := cli.Resolve(ctx, hostPort(other.LocalAddr().(*dgram.Addr)))
+		_, err := cli.Resolve(ctx, other.LocalAddr().String())
 		require.ErrorIs(t, err, injected)
 		require.NotErrorIs(t, err, net.ErrClosed, "the application closed nothing")
 	}
