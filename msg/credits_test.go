@@ -1,3 +1,10 @@
+// The credit model is built without the race detector only, and make
+// test-host runs it on its own: it is one goroutine exploring millions of
+// states, in which the detector has no race to find and only costs time
+// and memory.
+
+//go:build !race
+
 package msg
 
 import (
