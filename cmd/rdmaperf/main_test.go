@@ -16,13 +16,17 @@ func TestMain(m *testing.M) {
 // test stop rdmaperf before it listens or connects, naming the flag. Such
 // values went on to fail late or ran far from what was asked.
 func TestBadFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][]string{
-		{"-mode", "client", "-size", "-1"}, {"-mode", "client", "-iters", "-1"}, {"-mode", "client", "-depth", "0"},
-		{"-mode", "client", "-batch", "0"}, {"-mode", "client", "-reads", "-1"}, {"-mode", "client", "-callers", "0"},
-		{"-compare", "-repeat", "0"},
-		{"-mode", "server", "-test", "bogus"}, {"-mode", "client", "-test", "monitor"},
-		{"-compare", "-test", "send_bw,bogus"}, {"-compare", "-test", "rpc,connect"},
+	client, server, compare := []string{"-mode", "client"}, []string{"-mode", "server"}, []string{"-compare"}
+	for _, c := range []struct {
+		flag, value string
+		args        []string
+	}{
+		{"size", "-1", client}, {"iters", "-1", client}, {"depth", "0", client},
+		{"batch", "0", client}, {"reads", "-1", client}, {"callers", "0", client},
+		{"repeat", "0", compare},
+		{"test", "bogus", server}, {"test", "monitor", client},
+		{"test", "send_bw,bogus", compare}, {"test", "rpc,connect", compare},
 	} {
-		toolrun.RequireRefused(t, args[len(args)-2][1:], args...)
+		toolrun.RequireRefused(t, c.flag, c.value, c.args...)
 	}
 }

@@ -18,6 +18,6 @@ func TestMain(m *testing.M) {
 // or fail deep in a connection.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
 	for _, args := range [][2]string{{"size", "0"}, {"count", "-1"}, {"concurrency", "0"}, {"concurrency", "-1"}} {
-		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+		toolrun.RequireRefused(t, args[0], args[1])
 	}
 }

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 // the flag. Such values made it panic.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
 	for _, args := range [][2]string{{"size", "-1"}, {"count", "0"}, {"count", "-1"}, {"callers", "-1"}} {
-		toolrun.RequireRefused(t, args[0], "-"+args[0], args[1])
+		toolrun.RequireRefused(t, args[0], args[1])
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -114,13 +115,14 @@ func (p *Proc) Wait() (string, error) {
 	return p.out.String(), err
 }
 
-// RequireRefused runs this example's main with args, which give flag a
-// value out of its range, and requires a usage error: exit status 2, with
-// output that names -flag and holds no panic.
-func RequireRefused(t *testing.T, flag string, args ...string) {
+// RequireRefused runs this example's main with args and then -flag value,
+// a value out of the flag's range, and requires a usage error: exit status
+// 2, with output that names -flag and holds no panic.
+func RequireRefused(t *testing.T, flag, value string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	args = slices.Concat(args, []string{"-" + flag, value})
 	out, err := Go(t, ctx, args...).Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "-"+flag) || strings.Contains(out, "panic") {
