@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-rdma/rdmacm/internal/flagcheck"
 	"github.com/go-rdma/rdmacm/internal/testbed"
 )
 
@@ -31,7 +32,7 @@ func main() {
 	guestAgent := flag.String("guest-agent", "", "internal: run the job file `path` inside a guest")
 	guests := flag.Int("guests", 1, "number of guests: 1, or 2 joined by a UDP link (each with the device on eth0)")
 	device := flag.String("device", envString("RXEVM_DEVICE", testbed.DeviceRXE), "the RDMA device: rxe (Soft-RoCE, rxe0) or siw (soft-iWARP, siw0; its module is built once) (env RXEVM_DEVICE)")
-	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long (env RXEVM_TIMEOUT)")
+	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long; 0 for no bound (env RXEVM_TIMEOUT)")
 	memory := flag.Int("memory", 2048, "guest memory in MiB")
 	writable := flag.String("w", os.Getenv("RXEVM_WRITABLE"), "a host `dir` the guest may write (env RXEVM_WRITABLE); the rest is read-only")
 	verbose := flag.Bool("v", os.Getenv("RXEVM_VERBOSE") != "", "stream the guests' consoles to stderr (env RXEVM_VERBOSE)")
@@ -52,6 +53,10 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
+	if err := checkFlags(*guests, *timeout); err != nil {
+		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	code, err := testbed.Run(ctx, flag.Args(), testbed.Options{
@@ -64,6 +69,21 @@ func main() {
 		}
 	}
 	os.Exit(code)
+}
+
+// checkFlags refuses what the testbed would otherwise take for its default
+// (-guests 0, -memory 0) or for no bound at all (a negative -timeout).
+func checkFlags(guests int, timeout time.Duration) error {
+	if err := flagcheck.AtLeast(flag.CommandLine, 1, "guests", "memory"); err != nil {
+		return err
+	}
+	if guests > 2 {
+		return fmt.Errorf("-guests %d: want 1 or 2", guests)
+	}
+	if timeout < 0 {
+		return fmt.Errorf("-timeout %v: want 0 (no bound) or more", timeout)
+	}
+	return nil
 }
 
 func envString(name, def string) string {

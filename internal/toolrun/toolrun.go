@@ -115,14 +115,15 @@ func (p *Proc) Wait() (string, error) {
 	return p.out.String(), err
 }
 
-// RequireRefused runs this example's main with args and then -flag value,
-// a value out of the flag's range, and requires a usage error: exit status
-// 2, with output that names -flag and holds no panic.
+// RequireRefused runs this example's main with -flag value, a value out of
+// the flag's range, and then args (more flags, or the command's operands),
+// and requires a usage error: exit status 2, with output that names -flag
+// and holds no panic.
 func RequireRefused(t *testing.T, flag, value string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	args = slices.Concat(args, []string{"-" + flag, value})
+	args = slices.Concat([]string{"-" + flag, value}, args)
 	out, err := Go(t, ctx, args...).Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "-"+flag) || strings.Contains(out, "panic") {
