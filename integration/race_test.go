@@ -2,6 +2,5 @@
 
 package integration
 
-// raceEnabled says whether the race detector is on: its sync.Pool drops a
-// share of what is put back, so pooled objects are made anew now and then.
+// raceEnabled says whether the race detector is on.
 const raceEnabled = true
