@@ -9,6 +9,7 @@ package msg
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,11 +43,32 @@ type modelMsg struct {
 	room   int8
 }
 
-// modelQueue is one direction's messages in flight, in order. A side
-// holds at most depth credits, so depth bounds it.
+// packed is mm in 14 bits, which keeps a state, a key of the model's map
+// of millions, small: grants and room in 6 bits each (a count of the
+// model's depth at most, and room twice that), then ask and data.
+func (mm modelMsg) packed() uint16 {
+	if mm.grants < 0 || mm.grants > 63 || mm.room < 0 || mm.room > 63 {
+		panic(fmt.Sprintf("model message %+v out of its packing's range", mm))
+	}
+	p := uint16(mm.grants) | uint16(mm.room)<<6
+	if mm.ask {
+		p |= 1 << 12
+	}
+	if mm.data {
+		p |= 1 << 13
+	}
+	return p
+}
+
+func unpackMsg(p uint16) modelMsg {
+	return modelMsg{grants: int8(p & 63), room: int8(p >> 6 & 63), ask: p&(1<<12) != 0, data: p&(1<<13) != 0}
+}
+
+// modelQueue is one direction's messages in flight, in order, packed. A
+// side holds at most depth credits, so depth bounds it.
 type modelQueue struct {
 	n int8
-	m [modelMaxDepth]modelMsg
+	m [modelMaxDepth]uint16
 }
 
 const modelMaxDepth = 8
@@ -73,6 +95,23 @@ type modelSide struct {
 type modelState struct {
 	side [2]modelSide
 	q    [2]modelQueue // q[i]: from side i to the other
+}
+
+// String shows st with its messages in flight unpacked, for a failure's
+// message.
+func (st modelState) String() string {
+	var b strings.Builder
+	for i := range 2 {
+		fmt.Fprintf(&b, "side %d %+v, in flight to the peer [", i, st.side[i])
+		for j, p := range st.q[i].m[:st.q[i].n] {
+			if j > 0 {
+				b.WriteString(" ")
+			}
+			fmt.Fprintf(&b, "%+v", unpackMsg(p))
+		}
+		b.WriteString("]; ")
+	}
+	return strings.TrimSuffix(b.String(), "; ")
 }
 
 type creditModel struct{ depth int }
@@ -109,7 +148,7 @@ func (m creditModel) send(st *modelState, i int, mm modelMsg) {
 	x.asked = m.rules(*x, i).wantsCredit()
 	mm.ask = x.asked
 	q := &st.q[i]
-	q.m[q.n] = mm
+	q.m[q.n] = mm.packed()
 	q.n++
 }
 
@@ -171,10 +210,10 @@ func (m creditModel) steps(st modelState, out []step) []step {
 		}
 		if q := st.q[i]; q.n > 0 { // the peer receives the oldest
 			n := st
-			mm := q.m[0]
+			mm := unpackMsg(q.m[0])
 			copy(n.q[i].m[:], q.m[1:q.n])
 			n.q[i].n--
-			n.q[i].m[n.q[i].n] = modelMsg{}
+			n.q[i].m[n.q[i].n] = 0
 			y := &n.side[1-i]
 			y.credits += mm.grants
 			y.peerCredits--
@@ -210,64 +249,80 @@ func (m creditModel) stuck(st modelState, steps []step) bool {
 	return false
 }
 
-// explore visits every state reachable from the starts and reports the
-// first deadlock, then any cycle of control steps alone.
+// explore visits every state reachable from the starts and reports a
+// deadlock or a cycle of control steps alone, whichever it meets first.
+//
+// It is one search that looks each step's state up once. A state waits
+// in queue until it is expanded: its steps made and checked for a
+// deadlock. A state is expanded as a frame of a depth-first search of
+// the control steps alone, whose path is the states whose control steps
+// are still being followed: a control step to a state on the path closes
+// a cycle. A control step to a state not yet expanded extends the path;
+// any other step queues its state, where a later search starts from it
+// unless one reached it first.
 func (m creditModel) explore(starts []modelState) (states int, err error) {
 	const (
-		seen = iota + 1
-		onPath
-		done
+		queued   = iota + 1 // reached, not yet expanded
+		onPath              // expanded, its control steps still followed
+		finished            // expanded, no control cycle through it
 	)
 	mark := make(map[modelState]uint8)
-	stack := append([]modelState(nil), starts...)
+	queue := append([]modelState(nil), starts...)
 	for _, s := range starts {
-		mark[s] = seen
+		mark[s] = queued
 	}
+	// The control steps a frame of path has yet to follow are
+	// pending[from:], below those of the frames above it.
+	type frame struct {
+		st   modelState
+		from int
+	}
+	var path []frame
+	var pending []modelState
 	var buf []step
-	for len(stack) > 0 {
-		st := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
+	expand := func(st modelState) error {
+		mark[st] = onPath
+		path = append(path, frame{st, len(pending)})
 		buf = m.steps(st, buf[:0])
 		if m.stuck(st, buf) {
-			return len(mark), fmt.Errorf("deadlock: %+v", st)
+			return fmt.Errorf("deadlock: %v", st)
 		}
 		for _, s := range buf {
-			if mark[s.next] == 0 {
-				mark[s.next] = seen
-				stack = append(stack, s.next)
+			switch {
+			case s.control:
+				pending = append(pending, s.next)
+			case mark[s.next] == 0:
+				mark[s.next] = queued
+				queue = append(queue, s.next)
 			}
 		}
+		return nil
 	}
-	// Cycles among control steps: a depth-first search of that subgraph
-	// that finds a state still on its own path.
-	type frame struct {
-		st    modelState
-		steps []step
-	}
-	for root := range mark {
-		if mark[root] != seen {
-			continue
+	for len(queue) > 0 {
+		st := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		if mark[st] != queued {
+			continue // a search from another state expanded it
 		}
-		mark[root] = onPath
-		path := []frame{{root, m.steps(root, nil)}}
+		if err := expand(st); err != nil {
+			return len(mark), err
+		}
 		for len(path) > 0 {
-			top := &path[len(path)-1]
-			if len(top.steps) == 0 {
-				mark[top.st] = done
+			top := path[len(path)-1]
+			if len(pending) == top.from {
+				mark[top.st] = finished
 				path = path[:len(path)-1]
 				continue
 			}
-			s := top.steps[0]
-			top.steps = top.steps[1:]
-			if !s.control {
-				continue
-			}
-			switch mark[s.next] {
+			next := pending[len(pending)-1]
+			pending = pending[:len(pending)-1]
+			switch mark[next] {
 			case onPath:
-				return len(mark), fmt.Errorf("control messages alone cycle through %+v", s.next)
-			case seen:
-				mark[s.next] = onPath
-				path = append(path, frame{s.next, m.steps(s.next, nil)})
+				return len(mark), fmt.Errorf("control messages alone cycle through %v", next)
+			case 0, queued:
+				if err := expand(next); err != nil {
+					return len(mark), err
+				}
 			}
 		}
 	}
