@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
@@ -35,6 +36,10 @@ type Listener struct {
 
 // Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
 // every RDMA-capable address) and listens. ctx is checked before binding.
+// A loopback address (127.0.0.1, ::1, localhost) is refused with an error
+// matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
+// would take it for a wildcard on RoCE and InfiniBand, where peers
+// anywhere could connect, and keep it on iWARP, where none could.
 func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -57,6 +62,10 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	id, err := verbs.CreateEP(ai)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	if a, ok := id.LocalAddr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		id.DestroyEP()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, errLoopbackListen)
 	}
 	q, err := cmevent.NewQueue()
 	if err != nil {
@@ -90,6 +99,11 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	go l.run()
 	return l, nil
 }
+
+// errLoopbackListen is Listen's refusal of a loopback address: a program
+// listens there to be reachable from its own host only, which rdma_cm
+// cannot give (see Listen).
+var errLoopbackListen = fmt.Errorf("a loopback address has no RDMA device (a listener there takes dials from other hosts, or from none): listen on the address of an RDMA-capable interface: %w", syscall.EADDRNOTAVAIL)
 
 // SRQ is the listener's shared receive queue (WithSharedReceiveQueue), or
 // nil. Post receives to it; destroy it after the listener and every

@@ -434,6 +434,26 @@ func TestUnknownHostAndBadAddress(t *testing.T) {
 	t.Logf("port out of range: %v", err)
 }
 
+// TestListenOnLoopbackIsRefused: rdma_cm binds a loopback address as it
+// binds 0.0.0.0 on RoCE, so a listener on 127.0.0.1 or ::1 took dials to
+// the device's address, from anywhere, where a program listening there
+// means its own host only; on iWARP no dial reached it. Every Listen
+// refuses it now, and leaves nothing behind.
+func TestListenOnLoopbackIsRefused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	for _, addr := range []string{"127.0.0.1:0", "127.0.0.2:7471", "[::1]:0", "localhost:0"} {
+		_, err := cm.Listen(ctx, addr)
+		require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, addr)
+		require.ErrorContains(t, err, "loopback address", addr)
+		_, err = msg.Listen(ctx, addr)
+		require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, addr)
+		_, err = rdmanet.Listen(ctx, addr)
+		require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, addr)
+		t.Logf("%s: %v", addr, err)
+	}
+}
+
 func TestListenPortInUse(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
