@@ -35,7 +35,9 @@ type Listener struct {
 }
 
 // Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
-// every RDMA-capable address) and listens. ctx is checked before binding.
+// every RDMA-capable IPv4 address, where net's ":port" would take IPv6
+// too; [::] on every address, though on soft-iWARP only IPv6 ones) and
+// listens. ctx is checked before binding.
 // A loopback address (127.0.0.1, ::1, localhost) is refused with an error
 // matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
 // would take it for a wildcard on RoCE and InfiniBand, where peers

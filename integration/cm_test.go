@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -451,6 +452,58 @@ func TestListenOnLoopbackIsRefused(t *testing.T) {
 		_, err = rdmanet.Listen(ctx, addr)
 		require.ErrorIs(t, err, syscall.EADDRNOTAVAIL, addr)
 		t.Logf("%s: %v", addr, err)
+	}
+}
+
+// TestListenOnEveryAddress: a listener on a wildcard (0.0.0.0, no host,
+// [::]) takes dials to the device's address at its port, as Listen's docs
+// promise, and the accepted side's local address is the one the dial came
+// to. 0.0.0.0, and so no host, takes IPv4 dials only (unlike net's ":port",
+// which is both); [::] takes IPv6 dials, and IPv4 ones on RoCE, where
+// soft-iWARP listens for it on the device's IPv6 addresses only.
+func TestListenOnEveryAddress(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	dev, dev6 := rxetest.Addr(t), os.Getenv("RDMACM_TEST_ADDR6")
+	for _, wildcard := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+		l, err := msg.Listen(ctx, wildcard)
+		require.NoError(t, err, wildcard)
+		defer l.Close() // on a failure: a waiting Accept returns
+		port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		type target struct {
+			addr    string
+			refused bool
+		}
+		targets := []target{{net.JoinHostPort(dev, port), wildcard == "[::]:0" && rxetest.IWARP()}}
+		if dev6 != "" {
+			targets = append(targets, target{net.JoinHostPort(dev6, port), wildcard != "[::]:0"})
+		}
+		for _, to := range targets {
+			if to.refused {
+				_, err := msg.Dial(ctx, to.addr)
+				require.ErrorIs(t, err, syscall.ECONNREFUSED, "listening on %s, dialing %s", wildcard, to.addr)
+				t.Logf("listening on %s (%v): dialing %s refused: %v", wildcard, l.Addr(), to.addr, err)
+				continue
+			}
+			accepted := make(chan *msg.Conn, 1)
+			go func() {
+				c, _ := l.Accept(ctx)
+				accepted <- c
+			}()
+			c, err := msg.Dial(ctx, to.addr)
+			require.NoError(t, err, "listening on %s (%v), dialing %s", wildcard, l.Addr(), to.addr)
+			s := <-accepted
+			require.NotNil(t, s, "listening on %s, dialing %s", wildcard, to.addr)
+			require.NoError(t, c.Send(ctx, []byte("hello")))
+			got, err := s.Recv(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "hello", string(got))
+			require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String(), "the accepted side's address is the dialed one")
+			t.Logf("listening on %s (%v): dialed %s, accepted at %v from %v", wildcard, l.Addr(), to.addr, s.LocalAddr(), s.RemoteAddr())
+			require.NoError(t, c.Close())
+			require.NoError(t, s.Close())
+		}
+		require.NoError(t, l.Close())
 	}
 }
 
