@@ -49,3 +49,18 @@ func TestNilOptionIsIgnored(t *testing.T) {
 		t.Errorf("%d msg options with a nil Option, %d without", got, want)
 	}
 }
+
+// TestDialerRefusesOtherNetworks: a Dialer takes TCP's network names and
+// "rdma" for their shape, and refuses any other before it dials, as
+// net.Dialer refuses a network it does not know.
+func TestDialerRefusesOtherNetworks(t *testing.T) {
+	var d Dialer
+	for _, network := range []string{"udp", "unix", "rdma-ud", ""} {
+		_, err := d.DialContext(t.Context(), network, "10.0.0.1:7471")
+		var unknown net.UnknownNetworkError
+		require.ErrorAs(t, err, &unknown, "network %q", network)
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		require.Equal(t, "dial", op.Op)
+	}
+}
