@@ -85,7 +85,7 @@ func OpenPD(ctx context.Context, host string) (*PD, error) {
 	defer id.DestroyEP()
 	dev := id.Context()
 	if dev == nil {
-		return nil, fmt.Errorf("bufpool: open a PD on %s: the address of one RDMA device is needed, not a wildcard", host)
+		return nil, fmt.Errorf("bufpool: open a PD on %s: the address of one RDMA device's interface is needed, not a wildcard or loopback", host)
 	}
 	d, err := seam.NewDomain(dev)
 	if err != nil {
