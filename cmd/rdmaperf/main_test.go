@@ -16,17 +16,10 @@ func TestMain(m *testing.M) {
 // test stop rdmaperf before it listens or connects, naming the flag. Such
 // values went on to fail late or ran far from what was asked.
 func TestBadFlagsAreUsageErrors(t *testing.T) {
-	client, server, compare := []string{"-mode", "client"}, []string{"-mode", "server"}, []string{"-compare"}
-	for _, c := range []struct {
-		flag, value string
-		args        []string
-	}{
-		{"size", "-1", client}, {"iters", "-1", client}, {"depth", "0", client},
-		{"batch", "0", client}, {"reads", "-1", client}, {"callers", "0", client},
-		{"repeat", "0", compare},
-		{"test", "bogus", server}, {"test", "monitor", client},
-		{"test", "send_bw,bogus", compare}, {"test", "rpc,connect", compare},
-	} {
-		toolrun.RequireRefused(t, c.flag, c.value, c.args...)
-	}
+	toolrun.RequireRefused(t, [][2]string{
+		{"size", "-1"}, {"iters", "-1"}, {"depth", "0"}, {"batch", "0"}, {"reads", "-1"}, {"callers", "0"},
+		{"test", "monitor"},
+	}, "-mode", "client")
+	toolrun.RequireRefused(t, [][2]string{{"test", "bogus"}}, "-mode", "server")
+	toolrun.RequireRefused(t, [][2]string{{"repeat", "0"}, {"test", "send_bw,bogus"}, {"test", "rpc,connect"}}, "-compare")
 }

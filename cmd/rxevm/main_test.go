@@ -17,7 +17,5 @@ func TestMain(m *testing.M) {
 // guest, what the testbed took for its default (-guests 0 ran one guest,
 // -memory 0 gave 2048 MiB) or for no bound at all (a negative -timeout).
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][2]string{{"guests", "0"}, {"guests", "3"}, {"memory", "0"}, {"timeout", "-1s"}} {
-		toolrun.RequireRefused(t, args[0], args[1], "true")
-	}
+	toolrun.RequireRefused(t, [][2]string{{"guests", "0"}, {"guests", "3"}, {"memory", "0"}, {"timeout", "-1s"}}, "true")
 }

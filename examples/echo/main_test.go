@@ -17,7 +17,5 @@ func TestMain(m *testing.M) {
 // before it listens or dials, naming the flag. Such values made it panic
 // or fail deep in a connection.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][2]string{{"size", "0"}, {"count", "-1"}, {"concurrency", "0"}, {"concurrency", "-1"}} {
-		toolrun.RequireRefused(t, args[0], args[1])
-	}
+	toolrun.RequireRefused(t, [][2]string{{"size", "0"}, {"count", "-1"}, {"concurrency", "0"}, {"concurrency", "-1"}})
 }

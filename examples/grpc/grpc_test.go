@@ -30,9 +30,7 @@ func TestMain(m *testing.M) {
 // callers below 1, stops the example before it listens or dials, naming
 // the flag. Such values made it panic.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][2]string{{"size", "-1"}, {"count", "0"}, {"count", "-1"}, {"callers", "-1"}} {
-		toolrun.RequireRefused(t, args[0], args[1])
-	}
+	toolrun.RequireRefused(t, [][2]string{{"size", "-1"}, {"count", "0"}, {"count", "-1"}, {"callers", "-1"}})
 }
 
 // TestGRPCOverRdmanet: grpc-go unchanged over rdmanet, on the device. 8

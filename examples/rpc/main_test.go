@@ -27,9 +27,7 @@ func TestMain(m *testing.M) {
 // TestOutOfRangeFlagsAreUsageErrors: a count or size below 1 stops rpc
 // before it listens or dials, naming the flag. Such values made it panic.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][2]string{{"callers", "0"}, {"callers", "-1"}, {"calls", "0"}, {"blob", "0"}} {
-		toolrun.RequireRefused(t, args[0], args[1])
-	}
+	toolrun.RequireRefused(t, [][2]string{{"callers", "0"}, {"callers", "-1"}, {"calls", "0"}, {"blob", "0"}})
 }
 
 // TestMetricsCountTheCalls: the example's server counts the calls a client

@@ -23,9 +23,7 @@ func TestMain(m *testing.M) {
 // stops udaddy before it binds, naming the flag. Such values made it
 // panic.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	for _, args := range [][2]string{{"c", "0"}, {"c", "-1"}, {"C", "-1"}, {"S", "-1"}} {
-		toolrun.RequireRefused(t, args[0], args[1])
-	}
+	toolrun.RequireRefused(t, [][2]string{{"c", "0"}, {"c", "-1"}, {"C", "-1"}, {"S", "-1"}})
 }
 
 // TestInteropWithLibrdmacm runs this udaddy and librdmacm's in every

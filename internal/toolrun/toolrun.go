@@ -115,18 +115,22 @@ func (p *Proc) Wait() (string, error) {
 	return p.out.String(), err
 }
 
-// RequireRefused runs this example's main with -flag value, a value out of
-// the flag's range, and then args (more flags, or the command's operands),
-// and requires a usage error: exit status 2, with output that names -flag
-// and holds no panic.
-func RequireRefused(t *testing.T, flag, value string, args ...string) {
+// RequireRefused runs this example's main once for each flag and value of
+// refusals, a value out of the flag's range, given as -flag value and then
+// args (more flags, or the command's operands), and requires a usage error
+// each time: exit status 2, with output that names -flag and holds no
+// panic.
+func RequireRefused(t *testing.T, refusals [][2]string, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	args = slices.Concat([]string{"-" + flag, value}, args)
-	out, err := Go(t, ctx, args...).Wait()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "-"+flag) || strings.Contains(out, "panic") {
-		t.Errorf("%s: want exit status 2 and a message naming -%s; got %v:\n%s", strings.Join(args, " "), flag, err, out)
+	for _, r := range refusals {
+		flag, value := r[0], r[1]
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		argv := slices.Concat([]string{"-" + flag, value}, args)
+		out, err := Go(t, ctx, argv...).Wait()
+		cancel()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "-"+flag) || strings.Contains(out, "panic") {
+			t.Errorf("%s: want exit status 2 and a message naming -%s; got %v:\n%s", strings.Join(argv, " "), flag, err, out)
+		}
 	}
 }
