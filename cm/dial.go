@@ -39,8 +39,9 @@ import (
 // from ("cm: dial host:port from ip:port: ..."): its port is rdma_cm's pick.
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
 	host, port, err := net.SplitHostPort(addr)
+	var resolved net.Addr // host's address, once known
 	fail := func(err error) (*endpoint.Endpoint, error) {
-		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, err))
+		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, resolved, err))
 	}
 	if err != nil {
 		return fail(err)
@@ -54,6 +55,7 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 		return fail(err)
 	}
 	defer ai.Free()
+	resolved = ai.DstAddr()
 
 	for attempt := 1; ; attempt++ {
 		ep, local, err := dialOnce(ctx, ai, o)
@@ -97,15 +99,20 @@ func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint
 }
 
 // hint says what to do about a dial error a newcomer would not understand.
-func hint(host string, err error) string {
+// resolved is host's address (a name's, such as localhost's), or nil.
+func hint(host string, resolved net.Addr, err error) string {
 	if !errors.Is(err, syscall.ENODEV) && !errors.Is(err, syscall.EINVAL) {
 		return ""
 	}
-	switch ip := net.ParseIP(host); {
-	case ip != nil && ip.IsLoopback():
-		return " (a loopback address has no RDMA device: dial the address of an RDMA-capable interface)"
+	ip := net.ParseIP(host)
+	if a, ok := resolved.(*net.TCPAddr); ok && ip == nil {
+		ip = a.IP
+	}
+	switch {
 	case host == "" || ip != nil && ip.IsUnspecified():
 		return " (an unspecified address names no interface: dial the address of an RDMA-capable interface)"
+	case ip != nil && ip.IsLoopback():
+		return " (a loopback address has no RDMA device: dial the address of an RDMA-capable interface)"
 	}
 	return ""
 }
