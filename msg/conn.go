@@ -379,7 +379,9 @@ const handshakeTimeout = 30 * time.Second
 // wait for the CM to resend its reply, seconds later, and is cut short.
 const handshakeGrace = time.Second
 
-// Listen listens on addr for msg connections.
+// Listen listens on addr for msg connections. addr is "host:port" as
+// cm.Listen takes it: a wildcard host listens on the RDMA-capable
+// addresses cm.Listen names, and a loopback address is refused.
 func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
 	o, err := newOptions(opts)
 	if err != nil {

@@ -443,7 +443,9 @@ type Listener struct {
 
 var _ net.Listener = (*Listener)(nil)
 
-// Listen listens for rdmanet connections on addr.
+// Listen listens for rdmanet connections on addr, "host:port" as
+// cm.Listen takes it: a wildcard host listens on the RDMA-capable
+// addresses cm.Listen names, and a loopback address is refused.
 func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error) {
 	l, err := msg.Listen(ctx, addr, msgOptions(opts)...)
 	if err != nil {
