@@ -65,7 +65,7 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	if a, ok := id.LocalAddr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+	if id.OnLoopback() {
 		id.DestroyEP()
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, errLoopbackListen)
 	}

@@ -232,7 +232,7 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	}
 	undo = append(undo, c.id.DestroyEP)
 	if c.vctx = c.id.Context(); c.vctx == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		if c.id.OnLoopback() {
 			// Dial comes here too for a peer that routes through
 			// loopback, 0.0.0.0 say.
 			return nil, fmt.Errorf("dgram: %s is a loopback address, which no RDMA device has: use the address of an RDMA-capable interface", host)

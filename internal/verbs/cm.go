@@ -410,6 +410,13 @@ func (id *CMID) LocalAddr() net.Addr {
 	return sockaddrToAddr(C.rdma_get_local_addr(id.p))
 }
 
+// OnLoopback says whether id is bound to a loopback address, whatever
+// name gave it. rdma_cm binds one with no device, as it binds a wildcard.
+func (id *CMID) OnLoopback() bool {
+	a, ok := id.LocalAddr().(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
+}
+
 // RemoteAddr is the peer's address.
 func (id *CMID) RemoteAddr() net.Addr {
 	return sockaddrToAddr(C.rdma_get_peer_addr(id.p))
