@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -19,25 +20,34 @@ var ErrListenerClosed = fmt.Errorf("cm: listener closed: %w", net.ErrClosed)
 
 // Listener accepts RDMA connections on one address.
 type Listener struct {
-	id   *verbs.CMID
-	q    *cmevent.Queue
+	ids  []passiveID // one, or [::] and 0.0.0.0 for both families (Listen)
 	o    listenOptions
 	addr net.Addr
 
 	srq       *endpoint.SRQ
 	reqs      chan *Request
 	closing   chan struct{}
-	loopDone  chan struct{}
-	failed    chan struct{} // closed, with failErr set, when events stop
+	loops     sync.WaitGroup // one run per id
+	failed    chan struct{}  // closed, with failErr set, when events stop
+	failOnce  sync.Once
 	failErr   error
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Listen binds to addr ("host:port"; an empty host or 0.0.0.0 listens on
-// every RDMA-capable IPv4 address, where net's ":port" would take IPv6
-// too; [::] on every address, though on soft-iWARP only IPv6 ones) and
-// listens. ctx is checked before binding.
+// passiveID is a listening id and its share of the process's CM event
+// channel.
+type passiveID struct {
+	id *verbs.CMID
+	q  *cmevent.Queue
+}
+
+// Listen binds to addr ("host:port") and listens. An empty host or [::]
+// listens on every RDMA-capable address of both families, as net's
+// ":port" does, and Addr then gives [::] (or, where the kernel has no
+// IPv6, 0.0.0.0: IPv4 alone); 0.0.0.0 listens on every IPv4 one. A port
+// in use fails with an error matching syscall.EADDRINUSE. ctx is checked
+// before binding.
 // A loopback address (127.0.0.1, ::1, localhost) is refused with an error
 // matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
 // would take it for a wildcard on RoCE and InfiniBand, where peers
@@ -54,40 +64,50 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	ai, err := verbs.GetAddrInfo(host, port, true, verbs.PortSpaceTCP)
+	ids, err := bindPassive(host, port)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	defer ai.Free()
+	l := &Listener{o: o, reqs: make(chan *Request, o.backlog),
+		closing: make(chan struct{}), failed: make(chan struct{})}
+	fail := func(err error) (*Listener, error) {
+		for _, id := range ids { // those not yet on a queue
+			id.DestroyEP()
+		}
+		l.destroyIDs()
+		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	}
+	if ids[0].OnLoopback() {
+		return fail(errLoopbackListen)
+	}
 	// As librdmacm's rdma_server.c: rdma_create_ep binds a passive id;
 	// it then moves to the process's event channel for rdma_listen.
-	id, err := verbs.CreateEP(ai)
-	if err != nil {
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
+	for len(ids) > 0 {
+		id := ids[0]
+		q, err := cmevent.NewQueue()
+		if err != nil {
+			return fail(err)
+		}
+		ids = ids[1:]
+		if err := q.Adopt(id); err != nil {
+			q.Close(destroyEP(id))
+			return fail(err)
+		}
+		if err := id.Listen(o.backlog); err != nil {
+			q.Close(destroyEP(id))
+			// The IPv6 half of a listener on both families, where the
+			// kernel has no IPv6 (soft-iWARP listens on kernel sockets):
+			// as net does, listen on IPv4 alone.
+			if errors.Is(err, syscall.EAFNOSUPPORT) && len(ids) > 0 {
+				continue
+			}
+			return fail(err)
+		}
+		l.ids = append(l.ids, passiveID{id, q})
 	}
-	if id.OnLoopback() {
-		id.DestroyEP()
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, errLoopbackListen)
-	}
-	q, err := cmevent.NewQueue()
-	if err != nil {
-		id.DestroyEP()
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
-	}
-	fail := func(err error) (*Listener, error) {
-		q.Close(destroyEP(id))
-		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
-	}
-	if err := q.Adopt(id); err != nil {
-		return fail(err)
-	}
-	if err := id.Listen(o.backlog); err != nil {
-		return fail(err)
-	}
-	l := &Listener{id: id, q: q, o: o, addr: id.LocalAddr(), reqs: make(chan *Request, o.backlog),
-		closing: make(chan struct{}), loopDone: make(chan struct{}), failed: make(chan struct{})}
+	l.addr = l.ids[0].id.LocalAddr()
 	if o.srqDepth > 0 {
-		dev := id.Context()
+		dev := l.ids[0].id.Context()
 		if dev == nil {
 			return fail(errors.New("a shared receive queue needs the address of one RDMA device, not a wildcard"))
 		}
@@ -98,8 +118,88 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 		l.srq = srq.(*endpoint.SRQ)
 		l.o.conn.ep.SRQ = l.srq
 	}
-	go l.run()
+	for _, p := range l.ids {
+		l.loops.Add(1)
+		go l.run(p.q)
+	}
 	return l, nil
+}
+
+// bindPassive binds the ids a listener on host and port needs: one, or,
+// for a host that names every address of both families, one on [::] that
+// takes IPv6 only and one on 0.0.0.0 at the same port. rdma_cm's own [::]
+// cannot stand for both: soft-iWARP's takes IPv6 dials only.
+func bindPassive(host, port string) ([]*verbs.CMID, error) {
+	if !bothFamilies(host) {
+		id, err := bindEP(host, port)
+		if err != nil {
+			return nil, err
+		}
+		return []*verbs.CMID{id}, nil
+	}
+	for tries := 1; ; tries++ {
+		id6, err := bindEP("::", port)
+		if err != nil {
+			return nil, err
+		}
+		if err := id6.SetAFOnly(); err != nil {
+			id6.DestroyEP()
+			return nil, err
+		}
+		bound := strconv.Itoa(id6.LocalAddr().(*net.TCPAddr).Port)
+		id4, err := bindEP("0.0.0.0", bound)
+		if err == nil {
+			return []*verbs.CMID{id6, id4}, nil
+		}
+		id6.DestroyEP()
+		// The port chosen for [::] may be taken for IPv4: choose again.
+		if !anyPort(port) || !errors.Is(err, syscall.EADDRINUSE) || tries == maxPortTries {
+			return nil, err
+		}
+	}
+}
+
+// bothFamilies says whether host names every address of both families:
+// no host, or the IPv6 wildcard.
+func bothFamilies(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.To4() == nil && ip.IsUnspecified()
+}
+
+// maxPortTries bounds how often bindPassive chooses a port for both
+// families.
+const maxPortTries = 16
+
+// bindEP binds a passive id to host and port. The id has no event channel
+// yet. rdma_cm refuses a port shared with a wildcard with EADDRNOTAVAIL, as
+// it refuses an address no device has: binding host alone tells the two
+// apart, and a port in use is reported as net reports it.
+func bindEP(host, port string) (*verbs.CMID, error) {
+	id, err := createEP(host, port)
+	if !errors.Is(err, syscall.EADDRNOTAVAIL) || anyPort(port) {
+		return id, err
+	}
+	if probe, perr := createEP(host, "0"); perr == nil {
+		probe.DestroyEP()
+		return nil, fmt.Errorf("rdma_create_ep: port %s is in use: %w", port, syscall.EADDRINUSE)
+	}
+	return nil, err
+}
+
+// createEP binds a passive id to host and port (rdma_create_ep).
+func createEP(host, port string) (*verbs.CMID, error) {
+	ai, err := verbs.GetAddrInfo(host, port, true, verbs.PortSpaceTCP)
+	if err != nil {
+		return nil, err
+	}
+	defer ai.Free()
+	return verbs.CreateEP(ai)
+}
+
+// anyPort says whether port asks for any free port.
+func anyPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return port == "" || err == nil && n == 0
 }
 
 // errLoopbackListen is Listen's refusal of a loopback address: a program
@@ -138,13 +238,13 @@ func (r *Request) RemoteAddr() net.Addr { return r.remoteAddr }
 // LocalAddr is the address the request arrived at.
 func (r *Request) LocalAddr() net.Addr { return r.localAddr }
 
-// run takes the listener's events. Each connect request's new id comes
-// with a queue of its own, so the request (and later its connection)
-// never depends on the listener staying open.
-func (l *Listener) run() {
-	defer close(l.loopDone)
+// run takes the events of one of the listener's ids. Each connect
+// request's new id comes with a queue of its own, so the request (and
+// later its connection) never depends on the listener staying open.
+func (l *Listener) run(q *cmevent.Queue) {
+	defer l.loops.Done()
 	for {
-		ev, err := l.q.Next(context.Background())
+		ev, err := q.Next(context.Background())
 		if err != nil {
 			select {
 			case <-l.closing:
@@ -154,8 +254,10 @@ func (l *Listener) run() {
 			// The process's CM event channel failed: no request can
 			// arrive any more, and Accept says so.
 			l.o.conn.logger.Error().Err(err).Msg("listener: reading CM events")
-			l.failErr = fmt.Errorf("cm: accept: %w", err)
-			close(l.failed)
+			l.failOnce.Do(func() {
+				l.failErr = fmt.Errorf("cm: accept: %w", err)
+				close(l.failed)
+			})
 			<-l.closing
 			return
 		}
@@ -303,9 +405,11 @@ func destroyEP(id *verbs.CMID) func() error {
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closing)
-		l.q.StopWaiting()
+		for _, p := range l.ids {
+			p.q.StopWaiting()
+		}
 		var errs []error
-		<-l.loopDone
+		l.loops.Wait()
 		for {
 			select {
 			case req := <-l.reqs:
@@ -315,8 +419,17 @@ func (l *Listener) Close() error {
 			}
 			break
 		}
-		errs = append(errs, l.q.Close(destroyEP(l.id)))
+		errs = append(errs, l.destroyIDs())
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr
+}
+
+// destroyIDs closes each id's queue and destroys the id.
+func (l *Listener) destroyIDs() error {
+	var errs []error
+	for _, p := range l.ids {
+		errs = append(errs, p.q.Close(destroyEP(p.id)))
+	}
+	return errors.Join(errs...)
 }

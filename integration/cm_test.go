@@ -460,9 +460,9 @@ func TestListenOnLoopbackIsRefused(t *testing.T) {
 // TestListenOnEveryAddress: a listener on a wildcard (0.0.0.0, no host,
 // [::]) takes dials to the device's address at its port, as Listen's docs
 // promise, and the accepted side's local address is the one the dial came
-// to. 0.0.0.0, and so no host, takes IPv4 dials only (unlike net's ":port",
-// which is both); [::] takes IPv6 dials, and IPv4 ones on RoCE, where
-// soft-iWARP listens for it on the device's IPv6 addresses only.
+// to. No host and [::] take dials of both families, as net's ":port"
+// does, though rdma_cm's own [::] takes IPv6 dials only on soft-iWARP;
+// 0.0.0.0 takes IPv4 dials only.
 func TestListenOnEveryAddress(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -471,14 +471,18 @@ func TestListenOnEveryAddress(t *testing.T) {
 		l, err := msg.Listen(ctx, wildcard)
 		require.NoError(t, err, wildcard)
 		defer l.Close() // on a failure: a waiting Accept returns
-		port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		ipv4Only := wildcard == "0.0.0.0:0"
+		bound := l.Addr().(*net.TCPAddr)
+		require.True(t, bound.IP.IsUnspecified(), "%s bound %v", wildcard, bound)
+		require.Equal(t, ipv4Only, bound.IP.To4() != nil, "%s bound %v", wildcard, bound)
+		port := strconv.Itoa(bound.Port)
 		type target struct {
 			addr    string
 			refused bool
 		}
-		targets := []target{{net.JoinHostPort(dev, port), wildcard == "[::]:0" && rxetest.IWARP()}}
+		targets := []target{{net.JoinHostPort(dev, port), false}}
 		if dev6 != "" {
-			targets = append(targets, target{net.JoinHostPort(dev6, port), wildcard != "[::]:0"})
+			targets = append(targets, target{net.JoinHostPort(dev6, port), ipv4Only})
 		}
 		for _, to := range targets {
 			if to.refused {
@@ -517,6 +521,42 @@ func TestListenPortInUse(t *testing.T) {
 	defer l.Close()
 	_, err = cm.Listen(ctx, l.Addr().String())
 	require.ErrorIs(t, err, syscall.EADDRINUSE)
+}
+
+// TestListenBothFamiliesPortInUse: a listener on both families holds its
+// port for each, and one cannot start where either family's port is
+// taken; what it bound before it failed is freed (CheckResources).
+func TestListenBothFamiliesPortInUse(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	dev, dev6 := rxetest.Addr(t), os.Getenv("RDMACM_TEST_ADDR6")
+	both, err := cm.Listen(ctx, ":0")
+	require.NoError(t, err)
+	defer both.Close()
+	port := strconv.Itoa(both.Addr().(*net.TCPAddr).Port)
+	taken := []string{net.JoinHostPort(dev, port), "0.0.0.0:" + port, "[::]:" + port, ":" + port}
+	if dev6 != "" {
+		taken = append(taken, net.JoinHostPort(dev6, port))
+	}
+	for _, addr := range taken {
+		_, err = cm.Listen(ctx, addr)
+		require.ErrorIs(t, err, syscall.EADDRINUSE, "listening on %s beside :%s", addr, port)
+	}
+	require.NoError(t, both.Close())
+
+	// Either family's port taken stops a listener on both at that port.
+	firsts := []string{net.JoinHostPort(dev, "0"), "0.0.0.0:0"}
+	if dev6 != "" {
+		firsts = append(firsts, net.JoinHostPort(dev6, "0"))
+	}
+	for _, first := range firsts {
+		l, err := cm.Listen(ctx, first)
+		require.NoError(t, err, first)
+		addr := ":" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		_, err = cm.Listen(ctx, addr)
+		require.ErrorIs(t, err, syscall.EADDRINUSE, "listening on %s beside %v", addr, l.Addr())
+		require.NoError(t, l.Close())
+	}
 }
 
 func TestRejectWithPrivateData(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -170,6 +172,7 @@ func disarmDeviceFaults() {
 	verbs.FailCQArms(nil, 0)
 	verbs.FailQPMoves(nil, 0)
 	verbs.FailNextDisconnect(nil)
+	verbs.FailIPv6Listens(nil)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
@@ -540,4 +543,39 @@ func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 	again := connect(t, ctx)
 	require.NoError(t, again.client.Err())
 	require.NoError(t, again.server.Err())
+}
+
+// TestInjectedNoIPv6ListensOnIPv4Alone: where the kernel has no IPv6,
+// soft-iWARP's rdma_listen on an IPv6 address fails with EAFNOSUPPORT
+// (made to fail so on every device, make test-faults). A listener on
+// both families (no host, [::]) then listens on IPv4 alone, as net's
+// does, and says so in Addr; one on a given IPv6 address fails with the
+// error. Nothing of the dropped half is left (CheckResources).
+func TestInjectedNoIPv6ListensOnIPv4Alone(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	verbs.FailIPv6Listens(syscall.EAFNOSUPPORT)
+	t.Cleanup(disarmDeviceFaults)
+	for _, addr := range []string{":0", "[::]:0"} {
+		l, err := msg.Listen(ctx, addr)
+		require.NoError(t, err, addr)
+		bound := l.Addr().(*net.TCPAddr)
+		require.True(t, bound.IP.Equal(net.IPv4zero), "%s bound %v, want 0.0.0.0", addr, bound)
+		accepted := make(chan *msg.Conn, 1)
+		go func() {
+			c, _ := l.Accept(ctx)
+			accepted <- c
+		}()
+		c, err := msg.Dial(ctx, net.JoinHostPort(rxetest.Addr(t), strconv.Itoa(bound.Port)))
+		require.NoError(t, err, "dialing IPv4 at a listener on %s", addr)
+		s := <-accepted
+		require.NotNil(t, s)
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+		require.NoError(t, l.Close())
+	}
+	if dev6 := os.Getenv("RDMACM_TEST_ADDR6"); dev6 != "" {
+		_, err := msg.Listen(ctx, net.JoinHostPort(dev6, "0"))
+		require.ErrorIs(t, err, syscall.EAFNOSUPPORT)
+	}
 }

@@ -82,3 +82,16 @@ func TestSharedReceiveQueue(t *testing.T) {
 	}
 	require.NoError(t, pool.Close())
 }
+
+// TestSharedReceiveQueueNeedsOneDevice: a shared receive queue lives on
+// one device, so a listener on a wildcard, of one family or both, refuses
+// it with an error that says so, and frees what it had bound.
+func TestSharedReceiveQueueNeedsOneDevice(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0"} {
+		l, err := cm.Listen(ctx, addr, cm.WithSharedReceiveQueue(8))
+		require.Nil(t, l)
+		require.ErrorContains(t, err, "not a wildcard", addr)
+	}
+}

@@ -261,6 +261,17 @@ func (id *CMID) SetAckTimeout(exp uint8) error {
 	return nil
 }
 
+// SetAFOnly restricts a listener on the IPv6 wildcard (::) to IPv6
+// (RDMA_OPTION_ID_AFONLY), so that an IPv4 wildcard can listen on the same
+// port beside it. Set it before Listen.
+func (id *CMID) SetAFOnly() error {
+	v := C.int(1)
+	if ret, err := C.rdma_set_option(id.p, C.RDMA_OPTION_ID, C.RDMA_OPTION_ID_AFONLY, unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v))); ret != 0 {
+		return callError("rdma_set_option(AFONLY)", err)
+	}
+	return nil
+}
+
 // SetMinRNRTimer sets how long this QP, receiving, asks a sender to wait
 // before it resends a message that found no receive posted (the minimum
 // RNR NAK timer, in the InfiniBand encoding: 1 is 0.01 ms, 12 is 0.64 ms,
@@ -273,6 +284,9 @@ func (id *CMID) SetMinRNRTimer(code uint8) error {
 
 // Listen starts listening for connect requests.
 func (id *CMID) Listen(backlog int) error {
+	if err := id.injectedListenFault(); err != nil {
+		return callError("rdma_listen", err)
+	}
 	if ret, err := C.rdma_listen(id.p, C.int(backlog)); ret != 0 {
 		return callError("rdma_listen", err)
 	}

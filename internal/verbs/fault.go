@@ -3,6 +3,7 @@
 package verbs
 
 import (
+	"net"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,7 @@ var fault struct {
 	qpMove  repeated    // armed: moving a QP to the error state fails
 	cmEvent repeated    // armed: reads of a pending CM event fail
 	discon  error       // armed: the next rdma_disconnect fails
+	listen6 error       // armed: rdma_listen of IPv6 addresses fails
 	fired   int         // failures injected so far (Injected)
 }
 
@@ -222,4 +224,25 @@ func injectedDisconnectFault() error {
 	err := fault.discon
 	fault.discon = nil
 	return err
+}
+
+// FailIPv6Listens makes every Listen of an id bound to an IPv6 address
+// fail with err, as soft-iWARP's does where the kernel has no IPv6
+// (EAFNOSUPPORT). A nil err disarms it.
+func FailIPv6Listens(err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.listen6 = err
+}
+
+// injectedListenFault takes the armed Listen failure if id is bound to an
+// IPv6 address.
+func (id *CMID) injectedListenFault() error {
+	a, ok := id.LocalAddr().(*net.TCPAddr)
+	if !ok || a.IP.To4() != nil {
+		return nil
+	}
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	return fault.listen6
 }

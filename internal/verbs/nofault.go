@@ -12,4 +12,5 @@ func (c *EventChannel) injectedFault() error           { return nil }
 func injectedDisconnectFault() error                   { return nil }
 func injectedArmFault() error                          { return nil }
 func injectedQPMoveFault() error                       { return nil }
+func (id *CMID) injectedListenFault() error            { return nil }
 func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }
