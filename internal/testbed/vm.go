@@ -414,12 +414,11 @@ func acceptUntil(ctx context.Context, exited <-chan struct{}, l net.Listener) (n
 	return l.Accept()
 }
 
-// accelArgs picks KVM only where it can boot a stock kernel: the CPU shows
-// vmx or svm and the host's KVM is not the PVM flavour. Otherwise TCG.
 // kernelCmdline is the guest kernel's command line. Under TCG the kernel
 // distrusts the emulated TSC and picks the HPET, which makes every clock
 // read an emulated MMIO access, several times dearer than the TSC: Go
-// reads the clock in its scheduler, so the TSC is forced there. Under KVM the kernel's own choice is right.
+// reads the clock in its scheduler, so the TSC is forced there. Under KVM
+// the kernel's own choice is right.
 func kernelCmdline(accel []string) string {
 	line := "console=ttyS0 panic=-1 quiet loglevel=3"
 	if slices.Contains(accel, "tcg,thread=multi") {
@@ -428,6 +427,8 @@ func kernelCmdline(accel []string) string {
 	return line
 }
 
+// accelArgs picks KVM only where it can boot a stock kernel: the CPU shows
+// vmx or svm and the host's KVM is not the PVM flavour. Otherwise TCG.
 func accelArgs() []string {
 	tcg := []string{"-accel", "tcg,thread=multi", "-cpu", "max"}
 	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
