@@ -51,6 +51,14 @@ ip addr add "$ADDR" dev "$NIC"
 # at once. The host's iproute2, by absolute path: busybox runs its own applet
 # for a bare "ip" even inside chroot, and busybox ip has no nodad.
 chroot /host /usr/bin/ip -6 addr add "$ADDR6" dev "$NIC" nodad || fail "cannot add $ADDR6"
+# A name for both addresses, for dials that try each of a name's
+# addresses: the host's hosts file and these lines, over its own.
+{
+	cat /host/etc/hosts
+	echo "${ADDR6%/*} $HOST"
+	echo "${ADDR%/*} $HOST"
+} >/hosts
+mount -o bind /hosts /host/etc/hosts || fail "cannot mount /etc/hosts"
 chroot /host /usr/bin/rdma link add "${KIND}0" type "$KIND" netdev "$NIC" || fail "rdma link add ${KIND}0 failed"
 i=0
 until grep -q ACTIVE "/sys/class/infiniband/${KIND}0/ports/1/state" 2>/dev/null; do

@@ -31,6 +31,7 @@ type guestConfig struct {
 	NIC   string // netdev the device is created on: dummy0 (one guest) or eth0 (pair)
 	Addr  string // CIDR IPv4 address of NIC
 	Addr6 string // CIDR IPv6 address of NIC
+	Host  string // a name the guest's /etc/hosts gives Addr6 and Addr
 	Agent string // host path of the rxevm binary, run as the guest agent
 	Job   string // host path of the job description
 	Share string // host path of the writable share
@@ -98,8 +99,8 @@ func writeInitramfs(path string, k Kernel, mods []string, cfg guestConfig) error
 		c.Symlink("bin/"+applet, "busybox")
 	}
 	c.File("init", 0o755, initScript)
-	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("KIND=%s\nNIC=%s\nADDR=%s\nADDR6=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\nOUT=%s\n",
-		shQuote(cfg.Kind), shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Agent), shQuote(cfg.Job),
+	c.File("rxevm.conf", 0o644, []byte(fmt.Sprintf("KIND=%s\nNIC=%s\nADDR=%s\nADDR6=%s\nHOST=%s\nAGENT=%s\nJOB=%s\nSHARE=%s\nOUT=%s\n",
+		shQuote(cfg.Kind), shQuote(cfg.NIC), shQuote(cfg.Addr), shQuote(cfg.Addr6), shQuote(cfg.Host), shQuote(cfg.Agent), shQuote(cfg.Job),
 		shQuote(cfg.Share), shQuote(cfg.Out))))
 	var list bytes.Buffer
 	for _, path := range mods {

@@ -47,10 +47,14 @@ type Options struct {
 	Stderr      io.Writer
 }
 
+// testHost is the name the guest's /etc/hosts gives its two addresses.
+const testHost = "rdmacm-testbed"
+
 // Environment variables a command finds in the guest.
 const (
 	EnvAddr      = "RDMACM_TEST_ADDR"      // this guest's IPv4 address on the rxe netdev
 	EnvAddr6     = "RDMACM_TEST_ADDR6"     // and its IPv6 address
+	EnvHost      = "RDMACM_TEST_HOST"      // a name for both (/etc/hosts)
 	EnvPeerAddr  = "RDMACM_TEST_PEER_ADDR" // the other guest's address (pair mode)
 	EnvDevice    = "RDMACM_TEST_DEVICE"    // the RDMA device name: rxe0 or siw0
 	EnvTransport = "RDMACM_TEST_TRANSPORT" // its transport: roce or iwarp
@@ -307,7 +311,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 			return nil, err
 		}
 	}
-	cfg := guestConfig{Kind: opts.Device, NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Agent: agent, Share: share, Out: opts.WritableDir,
+	cfg := guestConfig{Kind: opts.Device, NIC: "dummy0", Addr: "10.77.0.1/24", Addr6: "fd77::1/64", Host: testHost, Agent: agent, Share: share, Out: opts.WritableDir,
 		Job: filepath.Join(share, fmt.Sprintf("job-%d.json", i))}
 	env := append(os.Environ(), EnvDevice+"="+opts.Device+"0", EnvTransport+"="+deviceTransport[opts.Device], EnvGuest+"="+strconv.Itoa(i),
 		"TMPDIR=/var/tmp") // the host's /tmp is read-only in the guest; /var/tmp is a tmpfs
@@ -318,7 +322,7 @@ func startGuest(ctx context.Context, i int, qemu, agent string, k Kernel, mods [
 		env = append(env, EnvPeerAddr+"="+fmt.Sprintf("10.77.1.%d", 2-i))
 	}
 	env = append(env, EnvAddr+"="+strings.Split(cfg.Addr, "/")[0], EnvAddr6+"="+strings.Split(cfg.Addr6, "/")[0],
-		EnvNetdev+"="+cfg.NIC)
+		EnvHost+"="+cfg.Host, EnvNetdev+"="+cfg.NIC)
 	jobData, _ := json.Marshal(job{Argv: argv, Env: env, Dir: wd, StartedFile: g.started, StatusFile: g.status})
 	if err := os.WriteFile(cfg.Job, jobData, 0o644); err != nil {
 		return nil, err
