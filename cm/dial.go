@@ -22,7 +22,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"syscall"
+	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
@@ -30,43 +32,99 @@ import (
 )
 
 // Dial connects to addr ("host:port"; host a name, an IPv4 or an IPv6
-// address) and returns the connected endpoint. ctx bounds address and route
+// address) and returns the connected endpoint. A name is looked up with
+// net's resolver, and, as net's Dial does, each of its addresses is tried
+// in turn until one connects; when ctx has a deadline, each try gets a
+// share of what is left. ctx bounds the lookup, address and route
 // resolution and the connection handshake. A peer that rejects, or a port
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
 // *RejectError carrying the peer's private data); a peer that gives the
-// handshake up after answering, one matching syscall.ECONNRESET. An error
-// after the route was resolved names the local address the connect came
-// from ("cm: dial host:port from ip:port: ..."): its port is rdma_cm's pick.
+// handshake up after answering, one matching syscall.ECONNRESET. Where
+// every address fails, the first one's error is returned. An error after
+// the route was resolved names the local address the connect came from
+// ("cm: dial host:port from ip:port: ..."): its port is rdma_cm's pick.
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
 	host, port, err := net.SplitHostPort(addr)
-	var resolved net.Addr // host's address, once known
-	fail := func(err error) (*endpoint.Endpoint, error) {
-		return nil, fmt.Errorf("cm: dial %s: %w%s", addr, err, hint(host, resolved, err))
-	}
 	if err != nil {
-		return fail(err)
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
 	o, err := newDialOptions(opts)
 	if err != nil {
-		return fail(err)
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
-	ai, err := verbs.GetAddrInfo(host, port, false, verbs.PortSpaceTCP)
+	hosts, err := lookupHost(ctx, host)
 	if err != nil {
-		return fail(err)
+		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
-	defer ai.Free()
-	resolved = ai.DstAddr()
-
-	for attempt := 1; ; attempt++ {
-		ep, local, err := dialOnce(ctx, ai, o)
+	var first error
+	for i, h := range hosts {
+		tryCtx, cancel := tryContext(ctx, len(hosts)-i)
+		ep, local, err := dialHost(tryCtx, h, port, o)
+		cancel()
 		if err == nil {
 			return ep, nil
 		}
-		if !errors.Is(err, errLocalPortInUse) || attempt == localPortAttempts || ctx.Err() != nil {
+		if first == nil {
+			from := ""
 			if local != nil { // the local port is rdma_cm's pick, and may be part of why
-				addr += " from " + local.String()
+				from = " from " + local.String()
 			}
-			return fail(err)
+			first = fmt.Errorf("cm: dial %s%s: %w%s", addr, from, err, hint(h, err))
+		}
+		if ctx.Err() != nil || i == len(hosts)-1 {
+			break
+		}
+		o.conn.logger.Debug().Err(err).Str("address", h).Msg("dial: trying the name's next address")
+	}
+	return nil, first
+}
+
+// lookupHost gives the hosts Dial tries for host: a name's addresses, as
+// net's resolver orders them, or host itself.
+func lookupHost(ctx context.Context, host string) ([]string, error) {
+	if _, err := netip.ParseAddr(host); host == "" || err == nil {
+		return []string{host}, nil
+	}
+	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	hosts := make([]string, len(addrs))
+	for i, a := range addrs {
+		hosts[i] = a.String()
+	}
+	return hosts, nil
+}
+
+// tryContext bounds one of left tries by its share of what is left of ctx's
+// deadline, as net's Dialer shares it among a name's addresses: an equal
+// part, but at least minTry, or all that is left.
+func tryContext(ctx context.Context, left int) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok || left <= 1 {
+		return ctx, func() {}
+	}
+	remaining := time.Until(deadline)
+	return context.WithTimeout(ctx, max(remaining/time.Duration(left), min(remaining, minTry)))
+}
+
+// minTry is the least share of a dial's time one address gets while others
+// wait to be tried.
+const minTry = 2 * time.Second
+
+// dialHost dials one address (an IP address, or empty). With an error it
+// returns the local address the connect came from, or nil if it failed
+// before it had one.
+func dialHost(ctx context.Context, host, port string, o dialOptions) (*endpoint.Endpoint, net.Addr, error) {
+	ai, err := verbs.GetAddrInfo(host, port, false, verbs.PortSpaceTCP)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ai.Free()
+	for attempt := 1; ; attempt++ {
+		ep, local, err := dialOnce(ctx, ai, o)
+		if err == nil || !errors.Is(err, errLocalPortInUse) || attempt == localPortAttempts || ctx.Err() != nil {
+			return ep, local, err
 		}
 		o.conn.logger.Debug().Err(err).Int("attempt", attempt).Msg("dial: again from another local port")
 	}
@@ -99,15 +157,12 @@ func dialOnce(ctx context.Context, ai *verbs.AddrInfo, o dialOptions) (*endpoint
 }
 
 // hint says what to do about a dial error a newcomer would not understand.
-// resolved is host's address (a name's, such as localhost's), or nil.
-func hint(host string, resolved net.Addr, err error) string {
+// host is the address dialed (a name's address, such as localhost's).
+func hint(host string, err error) string {
 	if !errors.Is(err, syscall.ENODEV) && !errors.Is(err, syscall.EINVAL) {
 		return ""
 	}
 	ip := net.ParseIP(host)
-	if a, ok := resolved.(*net.TCPAddr); ok && ip == nil {
-		ip = a.IP
-	}
 	switch {
 	case host == "" || ip != nil && ip.IsUnspecified():
 		return " (an unspecified address names no interface: dial the address of an RDMA-capable interface)"

@@ -513,6 +513,52 @@ func TestListenOnEveryAddress(t *testing.T) {
 	}
 }
 
+// TestDialTriesEachAddressOfAName: a name with an IPv6 and an IPv4
+// address (the testbed's /etc/hosts) reaches a listener on either address
+// alone, as net's Dial does: whichever the resolver gives first, one of
+// the two dials connects only after that address refused. With nobody
+// listening, the first address's refusal is the error.
+func TestDialTriesEachAddressOfAName(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	name, dev, dev6 := os.Getenv("RDMACM_TEST_HOST"), rxetest.Addr(t), os.Getenv("RDMACM_TEST_ADDR6")
+	if name == "" || dev6 == "" {
+		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
+	}
+	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{dev, dev6}, []string{addrs[0].String(), addrs[1].String()}, "%s's addresses", name)
+	t.Logf("%s: %v", name, addrs)
+	for _, host := range []string{dev, dev6} {
+		l, err := msg.Listen(ctx, net.JoinHostPort(host, "0"))
+		require.NoError(t, err)
+		defer l.Close() // on a failure: a waiting Accept returns
+		port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		accepted := make(chan *msg.Conn, 1)
+		go func() {
+			c, _ := l.Accept(ctx)
+			accepted <- c
+		}()
+		c, err := msg.Dial(ctx, net.JoinHostPort(name, port))
+		require.NoError(t, err, "dialing %s:%s, listening on %v", name, port, l.Addr())
+		s := <-accepted
+		require.NotNil(t, s)
+		require.Equal(t, l.Addr().String(), c.RemoteAddr().String())
+		require.NoError(t, c.Send(ctx, []byte("hello")))
+		got, err := s.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "hello", string(got))
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+		require.NoError(t, l.Close())
+
+		_, err = cm.Dial(ctx, net.JoinHostPort(name, port))
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "nobody listens on %s", port)
+		require.ErrorContains(t, err, "from "+net.JoinHostPort(addrs[0].String(), ""), "the first address's error")
+		t.Logf("dialing %s:%s, nobody listening: %v", name, port, err)
+	}
+}
+
 func TestListenPortInUse(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)

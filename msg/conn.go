@@ -305,7 +305,8 @@ func handledBy(b *binder) cm.Option {
 	return seam.WithHandler(b.handle, b.end).(cm.Option)
 }
 
-// Dial connects to a msg Listener at addr.
+// Dial connects to a msg Listener at addr, "host:port" as cm.Dial takes
+// it: each address of a name is tried in turn.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	o, err := newOptions(opts)
 	if err != nil {

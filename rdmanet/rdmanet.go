@@ -103,8 +103,9 @@ var (
 	_ io.WriterTo   = (*Conn)(nil) // io.Copy from a Conn
 )
 
-// Dial connects to an rdmanet Listener at addr (host:port of an
-// RDMA-capable interface).
+// Dial connects to an rdmanet Listener at addr, "host:port" of an
+// RDMA-capable interface as cm.Dial takes it: each address of a name is
+// tried in turn.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	c, err := msg.Dial(ctx, addr, msgOptions(opts)...)
 	if err != nil {

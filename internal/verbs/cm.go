@@ -494,10 +494,6 @@ func GetAddrInfo(host, port string, passive bool, ps PortSpace) (*AddrInfo, erro
 // Free releases the list.
 func (ai *AddrInfo) Free() { C.rdma_freeaddrinfo(ai.p) }
 
-// DstAddr is the first entry's destination address (nil for a passive
-// one), as resolved: a name's address.
-func (ai *AddrInfo) DstAddr() net.Addr { return sockaddrToAddr(ai.p.ai_dst_addr) }
-
 // checkPort refuses a port number out of 0-65535 with net's error for
 // it. getaddrinfo(3) would take the number modulo 65536 instead (99999
 // is port 34463), and a listener would come up on a port nobody asked
