@@ -45,9 +45,10 @@ type passiveID struct {
 // Listen binds to addr ("host:port") and listens. An empty host or [::]
 // listens on every RDMA-capable address of both families, as net's
 // ":port" does, and Addr then gives [::] (or, where the kernel has no
-// IPv6, 0.0.0.0: IPv4 alone); 0.0.0.0 listens on every IPv4 one. A port
-// in use fails with an error matching syscall.EADDRINUSE. ctx is checked
-// before binding.
+// IPv6, 0.0.0.0: IPv4 alone); 0.0.0.0 listens on every IPv4 one. A name
+// is looked up with net's resolver, and, as net's Listen does, one of its
+// addresses taken, IPv4 if it has one. A port in use fails with an error
+// matching syscall.EADDRINUSE. ctx bounds the lookup.
 // A loopback address (127.0.0.1, ::1, localhost) is refused with an error
 // matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
 // would take it for a wildcard on RoCE and InfiniBand, where peers
@@ -64,7 +65,7 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
-	ids, err := bindPassive(host, port)
+	ids, err := bindPassive(ctx, host, port)
 	if err != nil {
 		return nil, fmt.Errorf("cm: listen %s: %w", addr, err)
 	}
@@ -129,8 +130,12 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 // for a host that names every address of both families, one on [::] that
 // takes IPv6 only and one on 0.0.0.0 at the same port. rdma_cm's own [::]
 // cannot stand for both: soft-iWARP's takes IPv6 dials only.
-func bindPassive(host, port string) ([]*verbs.CMID, error) {
+func bindPassive(ctx context.Context, host, port string) ([]*verbs.CMID, error) {
 	if !bothFamilies(host) {
+		host, err := listenHost(ctx, host)
+		if err != nil {
+			return nil, err
+		}
 		id, err := bindEP(host, port)
 		if err != nil {
 			return nil, err
@@ -157,6 +162,21 @@ func bindPassive(host, port string) ([]*verbs.CMID, error) {
 			return nil, err
 		}
 	}
+}
+
+// listenHost gives the address a listener on host binds: host itself, or,
+// as net's Listen takes, one of a name's addresses, IPv4 if it has one.
+func listenHost(ctx context.Context, host string) (string, error) {
+	hosts, err := lookupHost(ctx, host)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil && ip.To4() != nil {
+			return h, nil
+		}
+	}
+	return hosts[0], nil
 }
 
 // bothFamilies says whether host names every address of both families:

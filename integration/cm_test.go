@@ -559,6 +559,23 @@ func TestDialTriesEachAddressOfAName(t *testing.T) {
 	}
 }
 
+// TestListenOnANameTakesItsIPv4Address: as net's Listen, a listener on a
+// name with an IPv6 and an IPv4 address listens on the IPv4 one, whatever
+// order the resolver gives them in.
+func TestListenOnANameTakesItsIPv4Address(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	name, dev := os.Getenv("RDMACM_TEST_HOST"), rxetest.Addr(t)
+	if name == "" {
+		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
+	}
+	l, err := cm.Listen(ctx, name+":0")
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, dev, l.Addr().(*net.TCPAddr).IP.String())
+	require.NoError(t, l.Close())
+}
+
 func TestListenPortInUse(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
