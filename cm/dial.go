@@ -22,12 +22,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"syscall"
 	"time"
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
+	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -52,7 +52,7 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 	if err != nil {
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
-	hosts, err := lookupHost(ctx, host)
+	hosts, err := lookup.Hosts(ctx, host)
 	if err != nil {
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
@@ -77,23 +77,6 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 		o.conn.logger.Debug().Err(err).Str("address", h).Msg("dial: trying the name's next address")
 	}
 	return nil, first
-}
-
-// lookupHost gives the hosts Dial tries for host: a name's addresses, as
-// net's resolver orders them, or host itself.
-func lookupHost(ctx context.Context, host string) ([]string, error) {
-	if _, err := netip.ParseAddr(host); host == "" || err == nil {
-		return []string{host}, nil
-	}
-	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
-	if err != nil {
-		return nil, err
-	}
-	hosts := make([]string, len(addrs))
-	for i, a := range addrs {
-		hosts[i] = a.String()
-	}
-	return hosts, nil
 }
 
 // tryContext bounds one of left tries by its share of what is left of ctx's

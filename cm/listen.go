@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
+	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -132,7 +133,7 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 // cannot stand for both: soft-iWARP's takes IPv6 dials only.
 func bindPassive(ctx context.Context, host, port string) ([]*verbs.CMID, error) {
 	if !bothFamilies(host) {
-		host, err := listenHost(ctx, host)
+		host, err := lookup.PreferIPv4(ctx, host)
 		if err != nil {
 			return nil, err
 		}
@@ -162,21 +163,6 @@ func bindPassive(ctx context.Context, host, port string) ([]*verbs.CMID, error) 
 			return nil, err
 		}
 	}
-}
-
-// listenHost gives the address a listener on host binds: host itself, or,
-// as net's Listen takes, one of a name's addresses, IPv4 if it has one.
-func listenHost(ctx context.Context, host string) (string, error) {
-	hosts, err := lookupHost(ctx, host)
-	if err != nil {
-		return "", err
-	}
-	for _, h := range hosts {
-		if ip := net.ParseIP(h); ip != nil && ip.To4() != nil {
-			return h, nil
-		}
-	}
-	return hosts[0], nil
 }
 
 // bothFamilies says whether host names every address of both families:

@@ -48,6 +48,7 @@ import (
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
+	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -115,8 +116,9 @@ func (q *queue) setDeadline(t time.Time) error {
 
 // Listen binds a datagram queue pair to addr ("host:port"; the host an IP
 // address or name of an RDMA device's interface, not a wildcard; port 0
-// picks one) and answers the peers that Resolve it. ctx bounds nothing yet
-// but is checked first.
+// picks one) and answers the peers that Resolve it. A name is looked up
+// with net's resolver, under ctx, and its IPv4 address taken if it has
+// one, as net's ListenUDP takes it.
 func Listen(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	fail := func(err error) (*Conn, error) { return nil, &net.OpError{Op: "listen", Net: Network, Err: err} }
 	if err := ctx.Err(); err != nil {
@@ -133,6 +135,9 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return fail(fmt.Errorf("dgram: listen on %q: a datagram queue pair lives on one device: give the address of an RDMA device's interface, not a wildcard", addr))
 	}
+	if host, err = lookup.PreferIPv4(ctx, host); err != nil {
+		return fail(err)
+	}
 	c, err := listen(host, port, o)
 	if err != nil {
 		return fail(err)
@@ -144,7 +149,8 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 // addr ("host:port", where a Conn or librdmacm's udaddy listens, or that
 // Conn's LocalAddr().String()), resolves addr, and returns a Conn whose
 // Write sends to it and whose Read returns only its datagrams. ctx bounds
-// the resolution.
+// the resolution. Of a name's addresses, as net's DialUDP, the IPv4 one is
+// taken if it has one.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	fail := func(err error) (*Conn, error) { return nil, &net.OpError{Op: "dial", Net: Network, Err: err} }
 	o, err := newOptions(opts)
@@ -171,6 +177,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 func localIPFor(ctx context.Context, addr string) (net.IP, error) {
 	host, port, err := splitHostPort(addr)
 	if err != nil {
+		return nil, err
+	}
+	if host, err = lookup.PreferIPv4(ctx, host); err != nil {
 		return nil, err
 	}
 	ai, err := verbs.GetAddrInfo(host, port, false, verbs.PortSpaceUDP)

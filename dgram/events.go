@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -186,8 +187,10 @@ func (c *Conn) withID(steps func(id *verbs.CMID, w chan *verbs.Event) (keep bool
 // String, whose queue pair number it resolves again) by rdma_cm's
 // service ID resolution, makes the address handle to it, and returns its
 // address for WriteTo. Answers are cached: resolving addr again costs
-// nothing. ctx bounds the resolution. A port nobody listens on gives an
-// error matching syscall.ECONNREFUSED.
+// nothing. ctx bounds the resolution. A name is looked up with net's
+// resolver and its first address of the Conn's own family taken: the
+// queue pair reaches no other. A port nobody listens on gives an error
+// matching syscall.ECONNREFUSED.
 func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
 	fail := func(err error) (*Addr, error) {
 		return nil, &net.OpError{Op: "resolve", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w", addr, err)}
@@ -200,6 +203,9 @@ func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
 	}
 	host, port, err := splitHostPort(addr)
 	if err != nil {
+		return fail(err)
+	}
+	if host, err = lookup.OfFamily(ctx, host, c.local.IP); err != nil {
 		return fail(err)
 	}
 	ai, err := verbs.GetAddrInfo(host, port, false, verbs.PortSpaceUDP)

@@ -174,6 +174,53 @@ func TestDatagramSizesByteForByte(t *testing.T) {
 	require.Equal(t, st, srv.Stats(), "Stats after Close")
 }
 
+// TestDatagramNameOfBothFamilies: the testbed's name has an IPv6 and an
+// IPv4 address. A Conn resolves it to the address of its own family (its
+// queue pair reaches no other), whatever order the resolver gives, and
+// the datagram reaches the Conn listening there; Listen and Dial take the
+// name's IPv4 address, as net's ListenUDP and DialUDP do.
+func TestDatagramNameOfBothFamilies(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	name, dev6 := os.Getenv("RDMACM_TEST_HOST"), os.Getenv("RDMACM_TEST_ADDR6")
+	if name == "" || dev6 == "" {
+		rxetest.Addr(t)
+		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
+	}
+	srv4 := listenDgram(t, ctx)
+	if srv4 == nil {
+		return
+	}
+	port := strconv.Itoa(srv4.LocalAddr().(*dgram.Addr).Port)
+	srv6, err := dgram.Listen(ctx, net.JoinHostPort(dev6, port))
+	require.NoError(t, err)
+	defer srv6.Close()
+	cli6, err := dgram.Listen(ctx, net.JoinHostPort(dev6, "0"))
+	require.NoError(t, err)
+	defer cli6.Close()
+	for _, c := range []struct {
+		from, at *dgram.Conn
+	}{{listenDgram(t, ctx), srv4}, {cli6, srv6}} {
+		to, err := c.from.Resolve(ctx, net.JoinHostPort(name, port))
+		require.NoError(t, err, "resolving %s:%s from %v", name, port, c.from.LocalAddr())
+		require.Equal(t, c.at.LocalAddr().String(), to.String())
+		sendDatagram(t, c.from, to, c.at, "by name from "+c.from.LocalAddr().String())
+	}
+
+	byName, err := dgram.Listen(ctx, net.JoinHostPort(name, "0"))
+	require.NoError(t, err)
+	defer byName.Close()
+	require.Equal(t, rxetest.Addr(t), byName.LocalAddr().(*dgram.Addr).IP.String())
+	d, err := dgram.Dial(ctx, net.JoinHostPort(name, port))
+	require.NoError(t, err)
+	defer d.Close()
+	require.Equal(t, srv4.LocalAddr().String(), d.RemoteAddr().String())
+	require.NoError(t, byName.Close())
+	require.NoError(t, d.Close())
+	require.NoError(t, srv6.Close())
+	require.NoError(t, cli6.Close())
+}
+
 // TestDatagramDialReadsOnlyItsPeer: a Conn from Dial returns only its
 // peer's datagrams; one from a stranger is dropped and counted in
 // Stats.Discarded.

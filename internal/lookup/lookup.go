@@ -1,0 +1,65 @@
+// Package lookup looks host names up for cm and dgram with net's resolver:
+// under the caller's context, where rdma_getaddrinfo would block a thread on
+// DNS, and with every address, where rdma_getaddrinfo keeps the first.
+package lookup
+
+import (
+	"context"
+	"net"
+	"net/netip"
+)
+
+// Hosts gives host's addresses as net's resolver orders them, or host
+// itself if it is empty or an IP address (with a zone or not).
+func Hosts(ctx context.Context, host string) ([]string, error) {
+	if _, err := netip.ParseAddr(host); host == "" || err == nil {
+		return []string{host}, nil
+	}
+	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	if len(addrs) == 0 { // net says so with an error; the callers rely on one
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	hosts := make([]string, len(addrs))
+	for i, a := range addrs {
+		hosts[i] = a.String()
+	}
+	return hosts, nil
+}
+
+// PreferIPv4 gives host's first IPv4 address, else its first: the address
+// net's Listen and ResolveUDPAddr take of a name.
+func PreferIPv4(ctx context.Context, host string) (string, error) {
+	hosts, err := Hosts(ctx, host)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hosts {
+		if isIPv4(h) {
+			return h, nil
+		}
+	}
+	return hosts[0], nil
+}
+
+// OfFamily gives host's first address of ip's family, for a queue pair
+// bound to ip, which can reach no other; a net.AddrError if it has none.
+func OfFamily(ctx context.Context, host string, ip net.IP) (string, error) {
+	hosts, err := Hosts(ctx, host)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hosts {
+		if isIPv4(h) == (ip.To4() != nil) {
+			return h, nil
+		}
+	}
+	return "", &net.AddrError{Err: "no address of the local address's family", Addr: host}
+}
+
+func isIPv4(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().Is4()
+}
