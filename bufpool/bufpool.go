@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -66,12 +67,17 @@ type PD struct {
 // that pools and regions can be made before the first connection. Give it
 // to the connections that use them with cm.WithPD, on the same device, and
 // Close it when done: it is freed once its pools, regions and endpoints
-// are closed too. ctx bounds nothing yet but is checked first.
+// are closed too. A name is looked up with net's resolver, under ctx, and
+// its IPv4 address taken if it has one, as cm.Listen takes it.
 func OpenPD(ctx context.Context, host string) (*PD, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ai, err := verbs.GetAddrInfo(host, "0", true, verbs.PortSpaceTCP)
+	addr, err := lookup.PreferIPv4(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
+	}
+	ai, err := verbs.GetAddrInfo(addr, "0", true, verbs.PortSpaceTCP)
 	if err != nil {
 		return nil, fmt.Errorf("bufpool: open a PD on %s: %w", host, err)
 	}

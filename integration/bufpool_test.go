@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -160,9 +161,14 @@ func TestOpenPDBeforeConnecting(t *testing.T) {
 	require.NoError(t, pool.Close())
 	require.NoError(t, region.Close())
 
-	for _, host := range []string{"0.0.0.0", "127.0.0.1"} {
+	for _, host := range []string{"0.0.0.0", "127.0.0.1", "localhost"} {
 		_, err = bufpool.OpenPD(ctx, host)
 		require.ErrorContains(t, err, "the address of one RDMA device's interface is needed", host)
 		t.Logf("%s: %v", host, err)
+	}
+	if name := os.Getenv("RDMACM_TEST_HOST"); name != "" {
+		byName, err := bufpool.OpenPD(ctx, name)
+		require.NoError(t, err, "a name of the device's addresses")
+		require.NoError(t, byName.Close())
 	}
 }
