@@ -521,10 +521,7 @@ func TestListenOnEveryAddress(t *testing.T) {
 func TestDialTriesEachAddressOfAName(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	name, dev, dev6 := os.Getenv("RDMACM_TEST_HOST"), rxetest.Addr(t), os.Getenv("RDMACM_TEST_ADDR6")
-	if name == "" || dev6 == "" {
-		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
-	}
+	name, dev, dev6 := testbedName(t), rxetest.Addr(t), os.Getenv("RDMACM_TEST_ADDR6")
 	addrs, err := net.DefaultResolver.LookupIPAddr(ctx, name)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{dev, dev6}, []string{addrs[0].String(), addrs[1].String()}, "%s's addresses", name)
@@ -565,10 +562,7 @@ func TestDialTriesEachAddressOfAName(t *testing.T) {
 func TestListenOnANameTakesItsIPv4Address(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	name, dev := os.Getenv("RDMACM_TEST_HOST"), rxetest.Addr(t)
-	if name == "" {
-		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
-	}
+	name, dev := testbedName(t), rxetest.Addr(t)
 	l, err := cm.Listen(ctx, name+":0")
 	require.NoError(t, err)
 	defer l.Close()

@@ -182,11 +182,7 @@ func TestDatagramSizesByteForByte(t *testing.T) {
 func TestDatagramNameOfBothFamilies(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	name, dev6 := os.Getenv("RDMACM_TEST_HOST"), os.Getenv("RDMACM_TEST_ADDR6")
-	if name == "" || dev6 == "" {
-		rxetest.Addr(t)
-		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
-	}
+	name, dev6 := testbedName(t), os.Getenv("RDMACM_TEST_ADDR6")
 	srv4 := listenDgram(t, ctx)
 	if srv4 == nil {
 		return

@@ -197,3 +197,16 @@ func tcpResets(t *testing.T) map[string]int64 {
 	require.Len(t, counts, 2, "TcpExt counters in /proc/net/netstat")
 	return counts
 }
+
+// testbedName returns the name the testbed's /etc/hosts gives the
+// device's IPv6 and IPv4 addresses (RDMACM_TEST_HOST). Off the testbed,
+// with no such name, the test that needs it skips.
+func testbedName(t *testing.T) string {
+	t.Helper()
+	name := os.Getenv("RDMACM_TEST_HOST")
+	if name == "" || os.Getenv("RDMACM_TEST_ADDR6") == "" {
+		rxetest.Addr(t)
+		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
+	}
+	return name
+}
