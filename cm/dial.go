@@ -53,6 +53,9 @@ func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpo
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}
 	hosts, err := lookup.Hosts(ctx, host)
+	if err == nil {
+		hosts, err = lookup.OfNetwork(hosts, o.conn.family, host)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cm: dial %s: %w", addr, err)
 	}

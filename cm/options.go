@@ -68,7 +68,8 @@ type connOptions struct {
 	ackTimeout    time.Duration // 0: the CM's default
 	rnrTimer      time.Duration
 	readDepth     int
-	err           error // the first invalid argument
+	family        string // "tcp4" or "tcp6": Dial's addresses of that family only (seam.WithFamily)
+	err           error  // the first invalid argument
 }
 
 type handshake struct {
@@ -111,6 +112,9 @@ func init() {
 	}
 	seam.WithHandler = func(handler any, end func()) any {
 		return Option(func(o *connOptions) { o.ep.Handler, o.ep.HandlerEnd = handler, end })
+	}
+	seam.WithFamily = func(network string) any {
+		return Option(func(o *connOptions) { o.family = network })
 	}
 }
 

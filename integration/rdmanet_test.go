@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/rpc"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -166,6 +167,49 @@ func TestRdmanetCloseWrite(t *testing.T) {
 	require.GreaterOrEqual(t, st.MessagesReceived, chunks+1)
 	require.Zero(t, st.RendezvousSent)
 	require.GreaterOrEqual(t, st.Endpoint.SendRequests, st.MessagesSent)
+}
+
+// TestRdmanetDialerNetworkFamily: a Dialer's "tcp4" and "tcp6" reach a
+// listener on both families by the testbed's name over the family they
+// name, whatever order the resolver gives the name's addresses in; "tcp"
+// takes either.
+func TestRdmanetDialerNetworkFamily(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	name := testbedName(t)
+	l, err := rdmanet.Listen(ctx, ":0")
+	require.NoError(t, err)
+	defer l.Close()
+	addr := net.JoinHostPort(name, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+	var d rdmanet.Dialer
+	for _, network := range []string{"tcp4", "tcp6", "tcp"} {
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, _ := l.Accept()
+			accepted <- c
+		}()
+		c, err := d.DialContext(ctx, network, addr)
+		require.NoError(t, err, "%s %s", network, addr)
+		s := <-accepted
+		require.NotNil(t, s)
+		ip := c.RemoteAddr().(*net.TCPAddr).IP
+		switch network {
+		case "tcp4":
+			require.NotNil(t, ip.To4(), "%s dialed %v", network, ip)
+		case "tcp6":
+			require.Nil(t, ip.To4(), "%s dialed %v", network, ip)
+		}
+		require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String())
+		_, err = c.Write([]byte("hi"))
+		require.NoError(t, err)
+		buf := make([]byte, 2)
+		_, err = io.ReadFull(s, buf)
+		require.NoError(t, err)
+		require.Equal(t, "hi", string(buf))
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+	}
+	require.NoError(t, l.Close())
 }
 
 // TestRdmanetCloseThatLosesBytesIsNoEOF: a writer whose peer reads

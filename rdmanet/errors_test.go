@@ -51,14 +51,32 @@ func TestNilOptionIsIgnored(t *testing.T) {
 }
 
 // TestDialerRefusesOtherNetworks: a Dialer takes TCP's network names and
-// "rdma" for their shape, and refuses any other before it dials, as
-// net.Dialer refuses a network it does not know.
+// "rdma", and refuses any other before it dials, as net.Dialer refuses a
+// network it does not know.
 func TestDialerRefusesOtherNetworks(t *testing.T) {
 	var d Dialer
 	for _, network := range []string{"udp", "unix", "rdma-ud", ""} {
 		_, err := d.DialContext(t.Context(), network, "10.0.0.1:7471")
 		var unknown net.UnknownNetworkError
 		require.ErrorAs(t, err, &unknown, "network %q", network)
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		require.Equal(t, "dial", op.Op)
+	}
+}
+
+// TestDialerKeepsToTheNetworksFamily: "tcp4" and "tcp6" dial only
+// addresses of their family; an address of the other is refused with a
+// *net.AddrError before anything is dialed, as net's Dial refuses it.
+func TestDialerKeepsToTheNetworksFamily(t *testing.T) {
+	var d Dialer
+	for _, c := range []struct{ network, addr string }{
+		{"tcp4", "[fd77::1]:7471"}, {"tcp6", "10.0.0.1:7471"}, {"tcp6", "[::ffff:10.0.0.1]:7471"},
+	} {
+		_, err := d.DialContext(t.Context(), c.network, c.addr)
+		var addrErr *net.AddrError
+		require.ErrorAs(t, err, &addrErr, "%s %s", c.network, c.addr)
+		require.ErrorContains(t, err, "no suitable address found")
 		var op *net.OpError
 		require.ErrorAs(t, err, &op)
 		require.Equal(t, "dial", op.Op)

@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/msg"
 )
@@ -489,14 +490,19 @@ type Dialer struct {
 	Options []Option
 }
 
-// DialContext dials addr over RDMA. network is accepted for its shape
-// only: "tcp", "tcp4", "tcp6" or "rdma" all mean an RDMA connection to the
-// IP address and port in addr.
+// DialContext dials addr over RDMA, as Dial does. network is "tcp" or
+// "rdma" (any address of a name), or, as net's Dial takes them, "tcp4" or
+// "tcp6" (only its IPv4 or IPv6 addresses; an address of the other family
+// is refused with a *net.AddrError before anything is dialed).
 func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	opts := d.Options
 	switch network {
-	case "tcp", "tcp4", "tcp6", "rdma":
+	case "tcp", "rdma":
+	case "tcp4", "tcp6":
+		family := func(o *options) { o.msg = append(o.msg, msg.WithCMOptions(seam.WithFamily(network).(cm.Option))) }
+		opts = append(opts[:len(opts):len(opts)], family)
 	default:
 		return nil, &net.OpError{Op: "dial", Net: network, Err: net.UnknownNetworkError(network)}
 	}
-	return Dial(ctx, addr, d.Options...)
+	return Dial(ctx, addr, opts...)
 }

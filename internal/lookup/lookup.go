@@ -63,3 +63,22 @@ func isIPv4(host string) bool {
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.Unmap().Is4()
 }
+
+// OfNetwork keeps the hosts of network's family ("tcp4": IPv4, "tcp6":
+// IPv6, anything else: all), as net's Dial does; a net.AddrError for
+// host if none is left.
+func OfNetwork(hosts []string, network, host string) ([]string, error) {
+	if network != "tcp4" && network != "tcp6" {
+		return hosts, nil
+	}
+	var kept []string
+	for _, h := range hosts {
+		if h == "" || isIPv4(h) == (network == "tcp4") {
+			kept = append(kept, h)
+		}
+	}
+	if len(kept) == 0 {
+		return nil, &net.AddrError{Err: "no suitable address found", Addr: host}
+	}
+	return kept, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 )
 
@@ -38,5 +39,33 @@ func TestFamilies(t *testing.T) {
 	}
 	if got, err := PreferIPv4(ctx, "fd77::1"); err != nil || got != "fd77::1" {
 		t.Errorf("PreferIPv4 of an IPv6 address: %q, %v", got, err)
+	}
+}
+
+// TestOfNetwork: "tcp4" and "tcp6" keep their family's addresses, in
+// order, and the empty host (for Dial's hint about it); any other network
+// keeps all; none left is a net.AddrError.
+func TestOfNetwork(t *testing.T) {
+	hosts := []string{"fd77::1", "10.0.0.1", "::ffff:10.0.0.2", "fd77::2"}
+	for _, c := range []struct {
+		network string
+		want    []string
+	}{
+		{"tcp4", []string{"10.0.0.1", "::ffff:10.0.0.2"}},
+		{"tcp6", []string{"fd77::1", "fd77::2"}},
+		{"tcp", hosts},
+		{"", hosts},
+	} {
+		got, err := OfNetwork(hosts, c.network, "name")
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%q: %q, %v; want %q", c.network, got, err, c.want)
+		}
+	}
+	if got, err := OfNetwork([]string{""}, "tcp4", ""); err != nil || !slices.Equal(got, []string{""}) {
+		t.Errorf("the empty host for tcp4: %q, %v", got, err)
+	}
+	var addrErr *net.AddrError
+	if _, err := OfNetwork([]string{"10.0.0.1"}, "tcp6", "name"); !errors.As(err, &addrErr) {
+		t.Errorf("no IPv6 address for tcp6: %v, want a *net.AddrError", err)
 	}
 }

@@ -158,6 +158,10 @@ var (
 	// and HandlerEnd: for package msg, whose connections take their
 	// completions in whichever goroutine polls.
 	WithHandler func(handler any, end func()) any
+	// WithFamily returns a cm.Option that makes Dial try only the
+	// addresses of one family ("tcp4" or "tcp6"): for package rdmanet,
+	// whose Dialer takes a network as net's does.
+	WithFamily func(network string) any
 )
 
 // Registered by package msg.
