@@ -561,15 +561,7 @@ func TestInjectedNoIPv6ListensOnIPv4Alone(t *testing.T) {
 		require.NoError(t, err, addr)
 		bound := l.Addr().(*net.TCPAddr)
 		require.True(t, bound.IP.Equal(net.IPv4zero), "%s bound %v, want 0.0.0.0", addr, bound)
-		accepted := make(chan *msg.Conn, 1)
-		go func() {
-			c, _ := l.Accept(ctx)
-			accepted <- c
-		}()
-		c, err := msg.Dial(ctx, net.JoinHostPort(rxetest.Addr(t), strconv.Itoa(bound.Port)))
-		require.NoError(t, err, "dialing IPv4 at a listener on %s", addr)
-		s := <-accepted
-		require.NotNil(t, s)
+		c, s := dialAccepted(t, ctx, l, net.JoinHostPort(rxetest.Addr(t), strconv.Itoa(bound.Port)))
 		require.NoError(t, c.Close())
 		require.NoError(t, s.Close())
 		require.NoError(t, l.Close())

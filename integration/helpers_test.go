@@ -15,6 +15,7 @@ import (
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/msg"
 )
 
 // pair is a connected client and server endpoint on the test device.
@@ -209,4 +210,26 @@ func testbedName(t *testing.T) string {
 		t.Skip("no name for the device's two addresses (the testbed sets RDMACM_TEST_HOST)")
 	}
 	return name
+}
+
+// dialAccepted dials addr, where l listens, and returns both ends once a
+// message has gone from the dialer to the accepted side, which must sit
+// at the address the dialer reached.
+func dialAccepted(t *testing.T, ctx context.Context, l *msg.Listener, addr string) (c, s *msg.Conn) {
+	t.Helper()
+	accepted := make(chan *msg.Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctx)
+		accepted <- c
+	}()
+	c, err := msg.Dial(ctx, addr)
+	require.NoError(t, err, "dialing %s, listening on %v", addr, l.Addr())
+	s = <-accepted
+	require.NotNil(t, s, "dialing %s, listening on %v", addr, l.Addr())
+	require.NoError(t, c.Send(ctx, []byte("hello")))
+	got, err := s.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got))
+	require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String(), "the accepted side's address is the dialed one")
+	return c, s
 }
