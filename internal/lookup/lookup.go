@@ -51,12 +51,21 @@ func OfFamily(ctx context.Context, host string, ip net.IP) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, h := range hosts {
-		if isIPv4(h) == (ip.To4() != nil) {
-			return h, nil
-		}
+	if kept := inFamily(hosts, ip.To4() != nil); len(kept) > 0 {
+		return kept[0], nil
 	}
 	return "", &net.AddrError{Err: "no address of the local address's family", Addr: host}
+}
+
+// inFamily keeps the IPv4 hosts (ipv4) or the others, in order.
+func inFamily(hosts []string, ipv4 bool) []string {
+	var kept []string
+	for _, h := range hosts {
+		if isIPv4(h) == ipv4 {
+			kept = append(kept, h)
+		}
+	}
+	return kept
 }
 
 func isIPv4(host string) bool {
@@ -66,17 +75,12 @@ func isIPv4(host string) bool {
 
 // OfNetwork keeps the hosts of network's family ("tcp4": IPv4, "tcp6":
 // IPv6, anything else: all), as net's Dial does; a net.AddrError for
-// host if none is left.
+// host if none is left. An empty host is kept, for Dial's hint about it.
 func OfNetwork(hosts []string, network, host string) ([]string, error) {
-	if network != "tcp4" && network != "tcp6" {
+	if host == "" || network != "tcp4" && network != "tcp6" {
 		return hosts, nil
 	}
-	var kept []string
-	for _, h := range hosts {
-		if h == "" || isIPv4(h) == (network == "tcp4") {
-			kept = append(kept, h)
-		}
-	}
+	kept := inFamily(hosts, network == "tcp4")
 	if len(kept) == 0 {
 		return nil, &net.AddrError{Err: "no suitable address found", Addr: host}
 	}
