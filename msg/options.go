@@ -1,6 +1,8 @@
 package msg
 
 import (
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -44,30 +46,36 @@ func newOptions(opts []Option) (options, error) {
 			f(&o)
 		}
 	}
-	if o.recvDepth < minRecvDepth {
-		return o, errorf("receive depth %d: at least %d", o.recvDepth, minRecvDepth)
+	if o.recvDepth < minRecvDepth || o.recvDepth > math.MaxUint32 {
+		return o, invalid("receive depth %d: at least %d, at most %d", o.recvDepth, minRecvDepth, uint32(math.MaxUint32))
 	}
 	if o.keepalive < 0 || o.keepaliveTimeout < 0 {
-		return o, errorf("keepalive interval %v and timeout %v: 0 turns one off, neither may be negative", o.keepalive, o.keepaliveTimeout)
+		return o, invalid("keepalive interval %v and timeout %v: 0 turns one off, neither may be negative", o.keepalive, o.keepaliveTimeout)
 	}
 	if o.keepalive > 0 && o.keepaliveTimeout > 0 && o.keepaliveTimeout/2 < o.keepalive {
-		return o, errorf("keepalive timeout %v: at least twice the interval %v", o.keepaliveTimeout, o.keepalive)
+		return o, invalid("keepalive timeout %v: at least twice the interval %v", o.keepaliveTimeout, o.keepalive)
 	}
 	if o.rvCache < 0 {
-		return o, errorf("rendezvous cache of %d bytes: at least 0", o.rvCache)
+		return o, invalid("rendezvous cache of %d bytes: at least 0", o.rvCache)
 	}
-	if o.bufSize < HeaderSize+rendezvousInfoSize {
-		return o, errorf("buffer size %d: at least %d", o.bufSize, HeaderSize+rendezvousInfoSize)
+	if o.bufSize < HeaderSize+rendezvousInfoSize || o.bufSize > math.MaxUint32 {
+		return o, invalid("buffer size %d: at least %d, at most %d", o.bufSize, HeaderSize+rendezvousInfoSize, uint32(math.MaxUint32))
 	}
 	cfg, rnrRetrySet, err := seam.ConnOptions(o.cmOpts)
 	if err != nil {
-		return o, errorf("WithCMOptions: %w", err)
+		return o, fmt.Errorf("msg: WithCMOptions: %w", err)
 	}
 	if cfg.SendDepth != 0 || cfg.RecvDepth != 0 || rnrRetrySet {
-		return o, errorf("WithCMOptions: queue depths and the RNR retry count are msg's own (set the receive depth with WithRecvDepth)")
+		return o, invalid("WithCMOptions: queue depths and the RNR retry count are msg's own (set the receive depth with WithRecvDepth)")
 	}
 	o.polls = endpoint.PollMode(cfg.Poll) != endpoint.PollEvent
 	return o, nil
+}
+
+// invalid is an option's refusal: it matches endpoint.ErrInvalid, as
+// package cm's refusals do.
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("msg: %s: %w", fmt.Sprintf(format, a...), endpoint.ErrInvalid)
 }
 
 func init() {

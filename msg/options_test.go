@@ -31,6 +31,24 @@ func TestCMOptionsMsgOwnsAreRefused(t *testing.T) {
 	require.NoError(t, err, "options msg does not own pass")
 }
 
+// Every option msg refuses matches endpoint.ErrInvalid, as cm's refusals
+// do; sizes the hello cannot carry (32 bits) are refused, not truncated.
+func TestOptionRefusalsMatchErrInvalid(t *testing.T) {
+	for name, opt := range map[string]Option{
+		"receive depth too small":   WithRecvDepth(1),
+		"receive depth past u32":    WithRecvDepth(math.MaxUint32 + 1),
+		"buffer too small":          WithBufferSize(1),
+		"buffer past u32":           WithBufferSize(math.MaxUint32 + 1),
+		"negative keepalive":        WithKeepalive(-time.Second, 0),
+		"negative rendezvous cache": WithRendezvousCache(-1),
+		"a depth msg owns":          WithCMOptions(cm.WithQueueDepth(8)),
+		"a bad cm option":           WithCMOptions(cm.WithMaxSGE(0)),
+	} {
+		_, err := newOptions([]Option{opt})
+		require.ErrorIs(t, err, endpoint.ErrInvalid, name)
+	}
+}
+
 func TestRendezvousCacheSize(t *testing.T) {
 	o, err := newOptions(nil)
 	require.NoError(t, err)
