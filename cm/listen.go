@@ -307,6 +307,8 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // Accept waits for the next connect request and accepts it with the
 // listener's options plus opts. A request whose handshake then fails is
 // the dialer's problem, not the listener's: Accept waits for the next one.
+// Options beyond what the device holds are the caller's: Accept rejects
+// the request and returns an error matching endpoint.ErrInvalid.
 // Accept returns once the connection is established, so one loop of
 // Accepts sets connections up one after another; to set many up at once,
 // call Accept from several goroutines, or take each Request from
@@ -323,7 +325,9 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 			return nil, err
 		}
 		ep, err := req.Accept(ctx, opts...)
-		if err == nil || ctx.Err() != nil {
+		// ErrInvalid is the options again, beyond what the device holds:
+		// they would reject every request that followed.
+		if err == nil || ctx.Err() != nil || errors.Is(err, endpoint.ErrInvalid) {
 			return ep, err
 		}
 		l.o.conn.logger.Debug().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: accept failed")

@@ -197,7 +197,10 @@ func (o connOptions) readDepths(dev verbs.DeviceAttr) (resp, init int) {
 	return min(o.readDepth, dev.MaxQPRdAtom), min(o.readDepth, dev.MaxQPInitRdAtom)
 }
 
-// WithQueueDepth sets both the send and the receive queue depth (default 128).
+// WithQueueDepth sets both the send and the receive queue depth (default
+// 128). Depths, SGEs and the inline size are bounded by the device: one
+// beyond it fails Dial and Accept with an error matching
+// endpoint.ErrInvalid that names the option.
 func WithQueueDepth(n int) Option {
 	return count("queue depth", n, func(o *connOptions) { o.ep.SendDepth, o.ep.RecvDepth = n, n })
 }
@@ -228,7 +231,8 @@ func count(what string, n int, set func(*connOptions)) Option {
 }
 
 // WithInline sets the inline size asked of the QP (default 64 bytes; 0
-// turns inline off). The device may grant more: Endpoint.MaxInline.
+// turns inline off). The device may grant more (Endpoint.MaxInline), and
+// refuses more than it can inline.
 func WithInline(n int) Option {
 	return func(o *connOptions) {
 		if n < 0 {

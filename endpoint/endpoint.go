@@ -16,10 +16,12 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -321,8 +323,8 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	if cfg.SendDepth > dev.MaxQPWR || cfg.RecvDepth > dev.MaxQPWR {
-		return nil, nil, fmt.Errorf("endpoint: queue depth %d/%d exceeds the device's %d: %w", cfg.SendDepth, cfg.RecvDepth, dev.MaxQPWR, ErrInvalid)
+	if err := checkLimits(cfg, dev); err != nil {
+		return nil, nil, err
 	}
 	ep := &Endpoint{cfg: cfg, mode: PollMode(cfg.Poll), id: id, dev: dev, onClose: onClose,
 		pollDone: make(chan struct{}), done: make(chan struct{})}
@@ -369,6 +371,25 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 		Established: func(privateData []byte) { ep.peerData = privateData },
 	}
 	return ep, ctl, nil
+}
+
+// checkLimits refuses, with ErrInvalid and the option that asked, a
+// configuration the device cannot hold. Left to the device, each would fail
+// later as a bare EINVAL from ibv_create_cq or rdma_create_qp.
+func checkLimits(cfg seam.EndpointConfig, dev verbs.DeviceAttr) error {
+	recvEntries := cfg.RecvDepth
+	if cfg.SRQ != nil {
+		recvEntries = len(cfg.SRQ.(*SRQ).slots.slots)
+	}
+	switch {
+	case cfg.SendDepth > dev.MaxQPWR || cfg.RecvDepth > dev.MaxQPWR:
+		return fmt.Errorf("%w: queue depth %d/%d exceeds the device's %d (cm.WithQueueDepth, WithSendDepth, WithRecvDepth)", ErrInvalid, cfg.SendDepth, cfg.RecvDepth, dev.MaxQPWR)
+	case cfg.SendDepth+recvEntries > dev.MaxCQE:
+		return fmt.Errorf("%w: %d sends and %d receives need a completion queue of %d entries; the device's hold at most %d (cm.WithQueueDepth, WithSendDepth, WithRecvDepth)", ErrInvalid, cfg.SendDepth, recvEntries, cfg.SendDepth+recvEntries, dev.MaxCQE)
+	case cfg.MaxSGE > dev.MaxSGE:
+		return fmt.Errorf("%w: %d scatter/gather entries per request exceed the device's %d (cm.WithMaxSGE)", ErrInvalid, cfg.MaxSGE, dev.MaxSGE)
+	}
+	return nil
 }
 
 func setDefaults(c *seam.EndpointConfig) {
@@ -453,11 +474,27 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		init.SRQ, init.MaxRecvWR, init.MaxRecvSGE = srq.srq, 0, 0
 	}
 	if ep.caps, err = ep.id.CreateQP(ep.pd.PD(), init); err != nil {
-		return err
+		return ep.explainCreateQP(init, err)
 	}
 	undo = append(undo, func() { ep.id.DestroyQP() })
 	ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent)
 	return err
+}
+
+// explainCreateQP names the option behind rdma_create_qp's EINVAL where
+// it can. The device publishes no inline limit, so a refused inline size
+// shows only as the same QP created without inline data: that one is made,
+// destroyed, and the failure reported as WithInline's.
+func (ep *Endpoint) explainCreateQP(init verbs.QPInit, err error) error {
+	if !errors.Is(err, syscall.EINVAL) || init.MaxInline == 0 {
+		return err
+	}
+	init.MaxInline = 0
+	if _, probeErr := ep.id.CreateQP(ep.pd.PD(), init); probeErr != nil {
+		return err
+	}
+	refused := fmt.Errorf("%w: the device does not inline %d bytes (cm.WithInline): %w", ErrInvalid, ep.cfg.MaxInline, err)
+	return errors.Join(refused, ep.id.DestroyQP())
 }
 
 // PD is the protection domain of the endpoint's QP. Pools and regions made

@@ -19,11 +19,12 @@ var (
 	// ErrQueueFull: every send (or receive) queue slot holds a posted work
 	// request. Post* never waits: read Completions, then post again.
 	ErrQueueFull = errors.New("endpoint: queue full: wait for a completion before posting more")
-	// ErrInvalid: the work request was refused before anything was posted
-	// (a missing or foreign buffer, a length past it, a field or flag that
-	// does not fit the operation, too many segments, inline too large, a
-	// misaligned atomic).
-	ErrInvalid = errors.New("endpoint: invalid work request")
+	// ErrInvalid: an argument was refused before anything was posted or
+	// created. A work request (a missing or foreign buffer, a length past
+	// it, a field or flag that does not fit the operation, too many
+	// segments, inline too large, a misaligned atomic), or a connection's
+	// option (package cm's), out of range or beyond what the device holds.
+	ErrInvalid = errors.New("endpoint: invalid argument")
 	// ErrNotSupported: the device cannot do what the work request asks
 	// (iWARP has no atomics and no immediate data, and some devices take
 	// one segment for an RDMA READ's sink). It was refused before anything

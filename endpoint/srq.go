@@ -36,12 +36,18 @@ func newSRQ(dev *verbs.Context, pd any, depth, maxSGE int) (any, error) {
 	if depth <= 0 || maxSGE <= 0 {
 		return nil, fmt.Errorf("%w: shared receive queue depth %d, SGEs %d", ErrInvalid, depth, maxSGE)
 	}
+	attr, err := dev.QueryDevice()
+	if err != nil {
+		return nil, err
+	}
+	if depth > attr.MaxSRQWR || maxSGE > attr.MaxSGE {
+		return nil, fmt.Errorf("%w: a shared receive queue of %d receives of %d SGEs; the device's hold at most %d of %d (cm.WithSharedReceiveQueue, WithMaxSGE)", ErrInvalid, depth, maxSGE, attr.MaxSRQWR, attr.MaxSGE)
+	}
 	d := seam.DomainOf(pd)
 	if pd != nil && d == nil {
 		return nil, fmt.Errorf("%w: the shared protection domain (cm.WithPD) is closed", ErrInvalid)
 	}
 	if d == nil {
-		var err error
 		if d, err = seam.NewDomain(dev); err != nil {
 			return nil, err
 		}

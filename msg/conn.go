@@ -448,6 +448,8 @@ func (l *Listener) closeReady() {
 // Accept waits for the next msg connection, set up already or as soon as
 // one is. Connect requests that are not from a msg peer are rejected, and
 // handshakes that fail are the dialer's business: neither reaches Accept.
+// Options beyond what the device holds reject the request and reach
+// Accept as an error matching endpoint.ErrInvalid.
 // After Close it returns an error matching net.ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	select {
@@ -508,6 +510,11 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 		cm.WithPrivateData(l.o.hello().encode()), handledBy(b))
 	if err != nil {
 		abandon(b, pool)
+		if errors.Is(err, endpoint.ErrInvalid) {
+			// The options, beyond what the device holds: this side's
+			// error, and every request after would fail the same way.
+			return nil, err
+		}
 		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
 		return nil, nil
 	}

@@ -1,0 +1,112 @@
+package integration
+
+import (
+	"io"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// deviceAttr is what the device behind host says it holds.
+func deviceAttr(t *testing.T, host string) verbs.DeviceAttr {
+	t.Helper()
+	ai, err := verbs.GetAddrInfo(host, "0", true, verbs.PortSpaceTCP)
+	require.NoError(t, err)
+	defer ai.Free()
+	id, err := verbs.CreateEP(ai)
+	require.NoError(t, err)
+	defer id.DestroyEP()
+	attr, err := id.Context().QueryDevice()
+	require.NoError(t, err)
+	return attr
+}
+
+// dialInBackground runs dial in a goroutine, closes what it connected,
+// and sends its error.
+func dialInBackground(dial func() (io.Closer, error)) <-chan error {
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := dial()
+		if err == nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	return dialed
+}
+
+// TestOptionsBeyondTheDeviceAreRefused: a connection option the device
+// cannot hold fails Dial, a listener's Accept and msg's Accept (a shared
+// receive queue, Listen) with an
+// error matching endpoint.ErrInvalid that names the option. Before, each
+// failed as a bare EINVAL from the device, and a listener's Accept (cm's
+// and msg's alike) took it for the dialer's failure: it rejected every
+// dialer and waited on. Nothing is left behind.
+func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	dev := deviceAttr(t, host)
+	t.Logf("device: %d requests a queue, %d entries a CQ, %d SGEs, %d requests a shared receive queue", dev.MaxQPWR, dev.MaxCQE, dev.MaxSGE, dev.MaxSRQWR)
+	cases := []struct {
+		name string
+		opt  cm.Option
+		says string
+	}{
+		{"queue depth", cm.WithQueueDepth(dev.MaxQPWR + 1), "cm.WithQueueDepth"},
+		{"receive depth", cm.WithRecvDepth(dev.MaxQPWR + 1), "WithRecvDepth"},
+		{"SGEs", cm.WithMaxSGE(dev.MaxSGE + 1), "cm.WithMaxSGE"},
+		{"inline", cm.WithInline(1 << 20), "cm.WithInline"},
+	}
+	if 2*dev.MaxQPWR > dev.MaxCQE {
+		cases = append(cases, struct {
+			name string
+			opt  cm.Option
+			says string
+		}{"completion queue", cm.WithQueueDepth(dev.MaxQPWR), "completion queue"})
+	}
+	good, err := cm.Listen(ctx, net.JoinHostPort(host, "0"))
+	require.NoError(t, err)
+	defer good.Close()
+	for _, tc := range cases {
+		_, err := cm.Dial(ctx, good.Addr().String(), tc.opt)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, tc.name)
+		require.ErrorContains(t, err, tc.says, tc.name)
+
+		l, err := cm.Listen(ctx, net.JoinHostPort(host, "0"), tc.opt)
+		require.NoError(t, err, tc.name)
+		dialed := dialInBackground(func() (io.Closer, error) { return cm.Dial(ctx, l.Addr().String()) })
+		_, err = l.Accept(ctx)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, tc.name)
+		require.ErrorContains(t, err, tc.says, tc.name)
+		var reject *cm.RejectError
+		require.ErrorAs(t, <-dialed, &reject, "%s: the dialer is rejected", tc.name)
+		require.NoError(t, l.Close())
+	}
+
+	_, err = cm.Listen(ctx, net.JoinHostPort(host, "0"), cm.WithSharedReceiveQueue(dev.MaxSRQWR+1))
+	require.ErrorIs(t, err, endpoint.ErrInvalid, "a shared receive queue")
+	require.ErrorContains(t, err, "cm.WithSharedReceiveQueue")
+
+	msgCases := map[string]msg.Option{
+		"msg receive depth": msg.WithRecvDepth(dev.MaxQPWR + 1),
+		"msg SGEs":          msg.WithCMOptions(cm.WithMaxSGE(dev.MaxSGE + 1)),
+	}
+	for name, opt := range msgCases {
+		l, err := msg.Listen(ctx, net.JoinHostPort(host, "0"), opt)
+		require.NoError(t, err, name)
+		dialed := dialInBackground(func() (io.Closer, error) { return msg.Dial(ctx, l.Addr().String()) })
+		_, err = l.Accept(ctx)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, name)
+		require.Error(t, <-dialed, "%s: the dialer is refused", name)
+		require.NoError(t, l.Close())
+	}
+	connect(t, ctx, cm.WithMaxSGE(dev.MaxSGE)) // the device's own limit passes
+}
