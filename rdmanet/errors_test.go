@@ -5,6 +5,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -80,5 +81,36 @@ func TestDialerKeepsToTheNetworksFamily(t *testing.T) {
 		var op *net.OpError
 		require.ErrorAs(t, err, &op)
 		require.Equal(t, "dial", op.Op)
+	}
+}
+
+// TestConnAndListenerNotMadeFailWithEINVAL: as with net's conns, every
+// method of a nil or zero Conn or Listener fails with syscall.EINVAL (or
+// gives nil addresses) instead of panicking.
+func TestConnAndListenerNotMadeFailWithEINVAL(t *testing.T) {
+	for name, c := range map[string]*Conn{"nil": nil, "zero": {}} {
+		_, err := c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, syscall.EINVAL, name)
+		_, err = c.Write([]byte("x"))
+		require.ErrorIs(t, err, syscall.EINVAL, name)
+		_, err = c.ReadFrom(nil)
+		require.ErrorIs(t, err, syscall.EINVAL, name)
+		_, err = c.WriteTo(nil)
+		require.ErrorIs(t, err, syscall.EINVAL, name)
+		require.ErrorIs(t, c.SetDeadline(time.Time{}), syscall.EINVAL, name)
+		require.ErrorIs(t, c.SetReadDeadline(time.Time{}), syscall.EINVAL, name)
+		require.ErrorIs(t, c.SetWriteDeadline(time.Time{}), syscall.EINVAL, name)
+		require.ErrorIs(t, c.CloseWrite(), syscall.EINVAL, name)
+		require.ErrorIs(t, c.Close(), syscall.EINVAL, name)
+		require.ErrorIs(t, c.Close(), syscall.EINVAL, name)
+		require.Nil(t, c.LocalAddr(), name)
+		require.Nil(t, c.RemoteAddr(), name)
+		require.Zero(t, c.Stats(), name)
+	}
+	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
+		_, err := l.Accept()
+		require.ErrorIs(t, err, syscall.EINVAL, name)
+		require.ErrorIs(t, l.Close(), syscall.EINVAL, name)
+		require.Nil(t, l.Addr(), name)
 	}
 }

@@ -74,6 +74,8 @@ func msgOptions(opts []Option) []msg.Option {
 
 // Conn is a byte stream over one RDMA connection. It implements net.Conn;
 // Read, Write, Close and the deadline setters are safe for concurrent use.
+// Dial and a Listener's Accept make Conns: as with net's, the methods of a
+// nil or zero Conn fail with syscall.EINVAL.
 type Conn struct {
 	c *msg.Conn
 
@@ -125,6 +127,9 @@ func newConn(c *msg.Conn) *Conn {
 // Read reads up to len(p) bytes of the stream. It returns io.EOF once the
 // peer has closed and every byte it wrote was read.
 func (c *Conn) Read(p []byte) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if len(p) == 0 {
@@ -147,6 +152,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 // fails as Read does (deadlines included). Bytes w did not take stay in the
 // stream for the next Read or WriteTo.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	var written int64
@@ -226,6 +234,9 @@ func (c *Conn) fill() error {
 // peer gives receives back, and only a Write that finds that message full
 // waits. Close sends what is held before it closes.
 func (c *Conn) Write(p []byte) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	if len(p) == 0 {
@@ -257,6 +268,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // does not wait for a Read of r that blocks; the bytes that Read returns
 // afterwards are dropped with the connection.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	var sent int64
@@ -294,6 +308,9 @@ var errInvalidRead = errors.New("rdmanet: the reader returned an invalid count")
 // io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed,
 // as do every later call but Close. Idempotent.
 func (c *Conn) Close() error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	c.shut.Store(true)
 	err := c.c.Close() // a blocked Read returns, and leaves bufMu
 	c.readDeadline.stop()
@@ -318,6 +335,9 @@ func (c *Conn) Close() error {
 // Later Writes fail with an error matching msg.ErrWriteClosed. Close still
 // has to be called.
 func (c *Conn) CloseWrite() error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if err := c.c.CloseWrite(); err != nil {
 		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
@@ -327,17 +347,40 @@ func (c *Conn) CloseWrite() error {
 // Stats is a snapshot of the connection's counters (messages, credits,
 // posts, doorbells, completions); safe to call at any time, also after
 // Close.
-func (c *Conn) Stats() msg.Stats { return c.c.Stats() }
+func (c *Conn) Stats() msg.Stats {
+	if !c.ok() {
+		return msg.Stats{}
+	}
+	return c.c.Stats()
+}
 
 // LocalAddr is this side's address.
-func (c *Conn) LocalAddr() net.Addr { return c.c.LocalAddr() }
+func (c *Conn) LocalAddr() net.Addr {
+	if !c.ok() {
+		return nil
+	}
+	return c.c.LocalAddr()
+}
 
 // RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.c.RemoteAddr() }
+func (c *Conn) RemoteAddr() net.Addr {
+	if !c.ok() {
+		return nil
+	}
+	return c.c.RemoteAddr()
+}
+
+// ok says whether c was made by Dial or Accept. As with net's conns, the
+// methods of a nil or zero Conn fail with syscall.EINVAL (the addresses
+// are nil, Stats zero) rather than panic.
+func (c *Conn) ok() bool { return c != nil && c.c != nil }
 
 // SetDeadline sets the read and write deadlines. After Close it fails
 // with an error matching net.ErrClosed.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if err := c.closedError("set"); err != nil {
 		return err
 	}
@@ -349,6 +392,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // SetReadDeadline sets the deadline for pending and future Reads; the zero
 // time means none. After Close it fails as SetDeadline does.
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if err := c.closedError("set"); err != nil {
 		return err
 	}
@@ -359,6 +405,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline sets the deadline for pending and future Writes; the
 // zero time means none. After Close it fails as SetDeadline does.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if err := c.closedError("set"); err != nil {
 		return err
 	}
@@ -460,6 +509,9 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 // Accept waits for the next connection; after Close it returns an error
 // matching net.ErrClosed.
 func (l *Listener) Accept() (net.Conn, error) {
+	if !l.ok() {
+		return nil, syscall.EINVAL
+	}
 	c, err := l.l.Accept(l.ctx)
 	if err != nil {
 		if l.ctx.Err() != nil {
@@ -475,12 +527,24 @@ func (l *Listener) Accept() (net.Conn, error) {
 // handshakes in progress are given up to a second to finish. Accepted
 // connections are not affected.
 func (l *Listener) Close() error {
+	if !l.ok() {
+		return syscall.EINVAL
+	}
 	l.cancel()
 	return l.l.Close()
 }
 
 // Addr is the listening address.
-func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+func (l *Listener) Addr() net.Addr {
+	if !l.ok() {
+		return nil
+	}
+	return l.l.Addr()
+}
+
+// ok says whether l was made by Listen; as Conn's methods do, those of a
+// nil or zero Listener fail with syscall.EINVAL (Addr is nil).
+func (l *Listener) ok() bool { return l != nil && l.l != nil }
 
 // Dialer dials rdmanet connections with fixed options. Its DialContext has
 // the shape of net/http's Transport.DialContext (and net.Dialer's), so code
