@@ -18,6 +18,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -367,6 +368,9 @@ func (p *Pool) Stats() Stats {
 // last buffer is Put, because a buffer still out may be posted to the
 // device. Close is idempotent.
 func (p *Pool) Close() error {
+	if p == nil || p.free == nil {
+		return fmt.Errorf("bufpool: a Pool not made by New: %w", syscall.EINVAL)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -131,6 +132,9 @@ func (r *Region) Remote() Remote {
 // it. The caller must know that no local work request still uses it.
 // Idempotent.
 func (r *Region) Close() error {
+	if r == nil || r.mr == nil {
+		return fmt.Errorf("bufpool: a Region not made by NewRegion: %w", syscall.EINVAL)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {

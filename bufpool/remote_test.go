@@ -1,6 +1,8 @@
 package bufpool
 
 import (
+	"errors"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +52,18 @@ func TestRemoteDescribesLargeRegions(t *testing.T) {
 func TestNilOptionIsIgnored(t *testing.T) {
 	_, err := New(nil, nil, Size(0))
 	require.ErrorContains(t, err, "size 0 and count 256")
+}
+
+// A nil or zero Pool's or Region's Close fails with EINVAL, not a panic.
+func TestNotMadeIsRefused(t *testing.T) {
+	for name, p := range map[string]*Pool{"nil": nil, "zero": {}} {
+		if err := p.Close(); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("Pool %s: Close gave %v, want EINVAL", name, err)
+		}
+	}
+	for name, r := range map[string]*Region{"nil": nil, "zero": {}} {
+		if err := r.Close(); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("Region %s: Close gave %v, want EINVAL", name, err)
+		}
+	}
 }

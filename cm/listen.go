@@ -413,6 +413,9 @@ func destroyEP(id *verbs.CMID) func() error {
 // Connections already accepted are not affected. Idempotent: every call
 // returns the first one's result.
 func (l *Listener) Close() error {
+	if l == nil || l.closing == nil {
+		return fmt.Errorf("%w: a Listener not made by Listen", endpoint.ErrInvalid)
+	}
 	l.closeOnce.Do(func() {
 		close(l.closing)
 		for _, p := range l.ids {

@@ -64,3 +64,12 @@ func TestResolveTimeoutOutOfRangeIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A nil or zero Listener's Close fails with ErrInvalid, not a panic.
+func TestListenerNotMadeIsRefused(t *testing.T) {
+	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
+		if err := l.Close(); !errors.Is(err, endpoint.ErrInvalid) {
+			t.Errorf("%s: Close gave %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -1,9 +1,13 @@
 package dgram
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"net"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // roceV2IPv4GRH is what the device writes ahead of a datagram that came
@@ -83,5 +87,39 @@ func TestNilOptionIsIgnored(t *testing.T) {
 	got, err := newOptions([]Option{nil})
 	if err != nil || got.sendDepth != want.sendDepth || got.recvDepth != want.recvDepth {
 		t.Errorf("got %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// TestConnNotMadeFailsWithEINVAL: as with net's conns, every method of a
+// nil or zero Conn fails with syscall.EINVAL (addresses nil, MTU and
+// Stats zero) instead of panicking.
+func TestConnNotMadeFailsWithEINVAL(t *testing.T) {
+	for name, c := range map[string]*Conn{"nil": nil, "zero": {}} {
+		p := make([]byte, 8)
+		_, _, err := c.ReadFrom(p)
+		errs := []error{err}
+		_, err = c.Read(p)
+		errs = append(errs, err)
+		_, err = c.ReadBatch([]Message{{Buf: p}})
+		errs = append(errs, err)
+		_, err = c.WriteTo(p, &Addr{})
+		errs = append(errs, err)
+		_, err = c.Write(p)
+		errs = append(errs, err)
+		_, err = c.WriteBatch([]Message{{Buf: p}})
+		errs = append(errs, err)
+		_, err = c.Resolve(context.Background(), "10.0.0.1:1")
+		errs = append(errs, err)
+		_, err = c.JoinGroup(context.Background(), "239.0.0.1")
+		errs = append(errs, err, c.LeaveGroup("239.0.0.1"), c.SetDeadline(time.Time{}),
+			c.SetReadDeadline(time.Time{}), c.SetWriteDeadline(time.Time{}), c.Close(), c.Close())
+		for i, err := range errs {
+			if !errors.Is(err, syscall.EINVAL) {
+				t.Errorf("%s: call %d gave %v, want EINVAL", name, i, err)
+			}
+		}
+		if c.LocalAddr() != nil || c.RemoteAddr() != nil || c.MTU() != 0 || c.Stats() != (Stats{}) {
+			t.Errorf("%s: addresses %v and %v, MTU %d, Stats %+v: want nil, nil, 0 and zero", name, c.LocalAddr(), c.RemoteAddr(), c.MTU(), c.Stats())
+		}
 	}
 }

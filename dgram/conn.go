@@ -65,7 +65,8 @@ var (
 )
 
 // Conn is an unreliable datagram queue pair bound to a local address. Its
-// methods are safe for concurrent use.
+// methods are safe for concurrent use. Listen and Dial make Conns: as with
+// net's, the methods of a nil or zero Conn fail with syscall.EINVAL.
 type Conn struct {
 	log   zerolog.Logger
 	ch    *cmevent.Channel
@@ -386,10 +387,18 @@ func (q *queue) close() {
 
 // LocalAddr is the bound address, with the port and the queue pair's
 // number and Q_Key: what a peer reaches this Conn at.
-func (c *Conn) LocalAddr() net.Addr { return c.local }
+func (c *Conn) LocalAddr() net.Addr {
+	if !c.ok() {
+		return nil
+	}
+	return c.local
+}
 
 // RemoteAddr is Dial's peer, or nil for a Conn from Listen.
 func (c *Conn) RemoteAddr() net.Addr {
+	if !c.ok() {
+		return nil
+	}
 	if c.peer == nil {
 		return nil
 	}
@@ -398,10 +407,18 @@ func (c *Conn) RemoteAddr() net.Addr {
 
 // MTU is the largest datagram, in bytes, this Conn sends or receives: the
 // port's active path MTU.
-func (c *Conn) MTU() int { return c.mtu }
+func (c *Conn) MTU() int {
+	if !c.ok() {
+		return 0
+	}
+	return c.mtu
+}
 
 // SetDeadline sets the read and write deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	return errors.Join(c.SetReadDeadline(t), c.SetWriteDeadline(t))
 }
 
@@ -409,6 +426,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // fail with an error matching os.ErrDeadlineExceeded once t passes (the
 // zero time: never). A later deadline lets them work again.
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if c.closed.Load() {
 		return c.opError("set", net.ErrClosed)
 	}
@@ -417,6 +437,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline bounds how long a write waits for a free send slot.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	if c.closed.Load() {
 		return c.opError("set", net.ErrClosed)
 	}
@@ -438,6 +461,11 @@ func (c *Conn) waitError(err error) error {
 	return err
 }
 
+// ok says whether c was made by Listen or Dial. As with net's conns,
+// the methods of a nil or zero Conn fail with syscall.EINVAL (addresses
+// nil, MTU and Stats zero) instead of panicking.
+func (c *Conn) ok() bool { return c != nil && c.id != nil }
+
 // Close stops the event goroutine, wakes every reader and writer (their
 // calls fail with an error matching net.ErrClosed), waits (at most a
 // second) for the datagrams already written to leave, leaves every group,
@@ -445,6 +473,9 @@ func (c *Conn) waitError(err error) error {
 // address handles, the CQs, the PD and the id. Idempotent: every call
 // returns the first one's result.
 func (c *Conn) Close() error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
 		c.events.stop(c)

@@ -192,6 +192,9 @@ func (c *Conn) withID(steps func(id *verbs.CMID, w chan *verbs.Event) (keep bool
 // queue pair reaches no other. A port nobody listens on gives an error
 // matching syscall.ECONNREFUSED.
 func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
+	if !c.ok() {
+		return nil, syscall.EINVAL
+	}
 	fail := func(err error) (*Addr, error) {
 		return nil, &net.OpError{Op: "resolve", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w", addr, err)}
 	}
@@ -256,6 +259,9 @@ func (c *Conn) Resolve(ctx context.Context, addr string) (*Addr, error) {
 // over RoCE v2 (Soft-RoCE among them): that is refused with an error
 // matching endpoint.ErrNotSupported.
 func (c *Conn) JoinGroup(ctx context.Context, groupAddr string) (*Addr, error) {
+	if !c.ok() {
+		return nil, syscall.EINVAL
+	}
 	fail := func(err error) (*Addr, error) {
 		return nil, &net.OpError{Op: "join", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w", groupAddr, err)}
 	}
@@ -347,6 +353,9 @@ func joinSource(local, group net.IP) (net.IP, error) {
 // receives its datagrams, and its address handle is freed once no send in
 // flight uses it.
 func (c *Conn) LeaveGroup(groupAddr string) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
 	ip := net.ParseIP(groupAddr)
 	if ip == nil {
 		return &net.OpError{Op: "leave", Net: Network, Source: c.local, Err: fmt.Errorf("%s: %w: not an IP address", groupAddr, endpoint.ErrInvalid)}

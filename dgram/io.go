@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -141,6 +142,9 @@ func (r *receiver) poll(cq *verbs.CQ) (int, error) {
 // on a UDP socket; ReadBatch says when. It waits until a datagram arrives,
 // the read deadline passes, or the Conn is closed.
 func (c *Conn) ReadFrom(p []byte) (int, net.Addr, error) {
+	if !c.ok() {
+		return 0, nil, syscall.EINVAL
+	}
 	m := [1]Message{{Buf: p}}
 	if _, err := c.readBatch(m[:], "read", nil); err != nil {
 		return 0, nil, err
@@ -152,6 +156,9 @@ func (c *Conn) ReadFrom(p []byte) (int, net.Addr, error) {
 // anybody else are dropped, as on a connected UDP socket. On a Conn from
 // Listen it reads from anybody.
 func (c *Conn) Read(p []byte) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	m := [1]Message{{Buf: p}}
 	if _, err := c.readBatch(m[:], "read", c.peer); err != nil {
 		return 0, err
@@ -162,6 +169,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 // ReadBatch reads at least one and at most len(ms) datagrams, each into
 // its Message's Buf, and returns how many. It waits only for the first.
 func (c *Conn) ReadBatch(ms []Message) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	return c.readBatch(ms, "read", nil)
 }
 
@@ -344,6 +354,9 @@ func (s *sender) drain(cq *verbs.CQ, d time.Duration) {
 // every write after it fail with an error matching endpoint.ErrClosed but
 // not net.ErrClosed: the Conn can send no more, but only Close closes it.
 func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	m := [1]Message{{Buf: p, Addr: addr}}
 	if _, err := c.writeBatch(m[:]); err != nil {
 		return 0, err
@@ -353,6 +366,9 @@ func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 
 // Write sends p to Dial's peer.
 func (c *Conn) Write(p []byte) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	if c.peer == nil {
 		return 0, c.opError("write", errors.New("dgram: Write needs Dial's peer: use WriteTo"))
 	}
@@ -364,6 +380,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // slots allow, and returns how many were sent. Every message is checked
 // first: one too long or with no path fails the whole batch, unsent.
 func (c *Conn) WriteBatch(ms []Message) (int, error) {
+	if !c.ok() {
+		return 0, syscall.EINVAL
+	}
 	return c.writeBatch(ms)
 }
 

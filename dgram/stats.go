@@ -36,6 +36,9 @@ type counters struct {
 // Stats is a snapshot of the Conn's counters; safe to call at any time,
 // also after Close.
 func (c *Conn) Stats() Stats {
+	if !c.ok() {
+		return Stats{}
+	}
 	s := &c.stats
 	return Stats{
 		DatagramsSent: s.datagramsSent.Load(), BytesSent: s.bytesSent.Load(), Posts: s.posts.Load(),

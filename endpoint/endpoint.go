@@ -599,6 +599,9 @@ func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
 // puts every remaining completion's buffer back in its pool. It returns
 // Close's error.
 func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
+	if !ep.made() {
+		return errNotMade
+	}
 	err := ep.Close()
 	for c := range ep.queue.out {
 		switch {
@@ -621,9 +624,19 @@ func (ep *Endpoint) CloseAndDrain(each func(Completion)) error {
 // the endpoint first, as net's conns do after their Close; Err keeps why
 // it ended.
 func (ep *Endpoint) Close() error {
+	if !ep.made() {
+		return errNotMade
+	}
 	ep.calledClose.Store(true)
 	return ep.closeWith(errClosedHere)
 }
+
+// made says whether ep was made by cm's Dial or Accept. A nil or zero
+// Endpoint's Close, CloseAndDrain, Next and posts fail with errNotMade
+// instead of panicking or, for Next, waiting for ever.
+func (ep *Endpoint) made() bool { return ep != nil && ep.done != nil }
+
+var errNotMade = fmt.Errorf("%w: an Endpoint not made by cm's Dial or Accept", ErrInvalid)
 
 // closeWith is Close, which reports cause (it matches ErrClosed) as why
 // the endpoint ended and in every error the close causes: package msg

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -86,4 +87,23 @@ func TestCallsAfterCloseAreNetErrClosed(t *testing.T) {
 	}
 	require.ErrorIs(t, ep.Err(), cause, "Err keeps why it ended")
 	require.NotErrorIs(t, ep.Err(), net.ErrClosed)
+}
+
+// TestEndpointNotMadeIsRefused: a nil or zero Endpoint's Close,
+// CloseAndDrain, Next and posts fail with ErrInvalid; before, Close and
+// the posts panicked and Next and CloseAndDrain waited for ever. So does
+// a zero SRQ's Destroy.
+func TestEndpointNotMadeIsRefused(t *testing.T) {
+	for name, ep := range map[string]*Endpoint{"nil": nil, "zero": {}} {
+		require.ErrorIs(t, ep.Close(), ErrInvalid, name)
+		require.ErrorIs(t, ep.CloseAndDrain(nil), ErrInvalid, name)
+		_, err := ep.Next(context.Background())
+		require.ErrorIs(t, err, ErrInvalid, name)
+		require.ErrorIs(t, ep.PostRecv(nil, nil), ErrInvalid, name)
+		require.ErrorIs(t, ep.PostBatch(nil), ErrInvalid, name)
+	}
+	for name, s := range map[string]*SRQ{"nil": nil, "zero": {}} {
+		_, err := s.Destroy()
+		require.ErrorIs(t, err, ErrInvalid, name)
+	}
 }

@@ -57,6 +57,9 @@ const (
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
 func (ep *Endpoint) Next(ctx context.Context) (Completion, error) {
+	if !ep.made() {
+		return Completion{}, errNotMade
+	}
 	// Counted even when the channel answers at once: a caller that always
 	// finds one there would otherwise never make the completion goroutine
 	// stand aside, and the two would take turns on the CPU (with a

@@ -120,6 +120,9 @@ func (ep *Endpoint) PostFetchAndAdd(wrContext any, b *bufpool.Buffer, remote buf
 }
 
 func (ep *Endpoint) postOne(r Request, flags []Flags) error {
+	if !ep.made() {
+		return errNotMade
+	}
 	for _, f := range flags {
 		r.Flags |= f
 	}
@@ -137,6 +140,9 @@ func (ep *Endpoint) postOne(r Request, flags []Flags) error {
 // nothing is posted. If the device refuses a request, the error is a
 // *PostError saying which, and what was posted.
 func (ep *Endpoint) PostBatch(reqs []Request) error {
+	if !ep.made() {
+		return errNotMade
+	}
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
 	return ep.postLocked(reqs)

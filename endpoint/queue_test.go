@@ -77,7 +77,7 @@ func TestHandOffKeepsOrder(t *testing.T) {
 // always finds a completion waiting must still make the completion
 // goroutine stand aside (else the two take turns for every completion).
 func TestNextAnsweredByTheChannelCountsAsPolling(t *testing.T) {
-	ep := &Endpoint{mode: PollBusy}
+	ep := &Endpoint{mode: PollBusy, done: make(chan struct{})}
 	ep.queue.init(4)
 	ep.queue.out <- Completion{Context: "ready"}
 	require.False(t, ep.poller.callersPolling(), "no Next yet")

@@ -134,6 +134,9 @@ func (s *SRQ) complete(idx uint32) (slot, bool) {
 // and the listener, first) and returns the receives never consumed, each
 // with ErrClosed, so their buffers can go back to their pool.
 func (s *SRQ) Destroy() ([]Completion, error) {
+	if s == nil || s.srq == nil {
+		return nil, fmt.Errorf("%w: an SRQ not made by cm.WithSharedReceiveQueue", ErrInvalid)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.retired {

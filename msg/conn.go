@@ -414,6 +414,9 @@ func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 // its dialer's Dial may have returned already. Accepted connections are
 // not affected. Idempotent.
 func (l *Listener) Close() error {
+	if l == nil || l.l == nil {
+		return invalid("a Listener not made by Listen")
+	}
 	l.closeOnce.Do(func() {
 		close(l.closed)
 		l.closeErr = l.l.Close() // the accept loop ends: no handshake starts
@@ -638,6 +641,9 @@ func (c *Conn) fail(err error) {
 // sees an error instead. Idempotent: every call returns the first one's
 // result.
 func (c *Conn) Close() error {
+	if c == nil || c.ep == nil {
+		return invalid("a Conn not made by Dial or Accept")
+	}
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
 		c.fail(seam.ErrClosedHere)

@@ -91,3 +91,20 @@ func TestKeepaliveOutOfRangeIsRefused(t *testing.T) {
 		require.NoError(t, err, "interval %v, timeout %v", k[0], k[1])
 	}
 }
+
+// A nil or zero Conn's, Listener's and Client's Close, and a zero
+// Server's Serve, fail with ErrInvalid instead of panicking.
+func TestNotMadeIsRefused(t *testing.T) {
+	for name, c := range map[string]*Conn{"nil": nil, "zero": {}} {
+		require.ErrorIs(t, c.Close(), endpoint.ErrInvalid, "Conn "+name)
+	}
+	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
+		require.ErrorIs(t, l.Close(), endpoint.ErrInvalid, "Listener "+name)
+	}
+	for name, cl := range map[string]*Client{"nil": nil, "zero": {}} {
+		require.ErrorIs(t, cl.Close(), endpoint.ErrInvalid, "Client "+name)
+	}
+	for name, s := range map[string]*Server{"nil": nil, "zero": {}, "no handler": NewServer(nil)} {
+		require.ErrorIs(t, s.Serve(context.Background(), nil), endpoint.ErrInvalid, "Server "+name)
+	}
+}

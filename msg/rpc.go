@@ -321,6 +321,9 @@ func (cl *Client) RemoteAddr() net.Addr { return cl.c.RemoteAddr() }
 
 // Close closes the connection; calls in flight return errors.
 func (cl *Client) Close() error {
+	if cl == nil || cl.c == nil {
+		return invalid("a Client not made by NewClient or DialClient")
+	}
 	err := cl.c.Close()
 	<-cl.loopDone
 	return err
@@ -348,8 +351,14 @@ func NewServer(h Handler) *Server {
 }
 
 // Serve accepts connections on l and serves them until Shutdown (then it
-// returns ErrShutdown) or l fails. Serve owns l.
+// returns ErrShutdown) or l fails. Serve owns l. A Server with no Handler
+// (nil, zero, or NewServer(nil)) serves nothing: Serve fails at once with
+// an error matching endpoint.ErrInvalid.
 func (s *Server) Serve(ctx context.Context, l *Listener) error {
+	if s == nil || s.h == nil {
+		l.Close() // Serve owns l; a nil or zero l refuses this too
+		return invalid("a Server without a Handler (make one with NewServer(h), h not nil)")
+	}
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
