@@ -53,7 +53,10 @@ type passiveID struct {
 // A loopback address (127.0.0.1, ::1, localhost) is refused with an error
 // matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
 // would take it for a wildcard on RoCE and InfiniBand, where peers
-// anywhere could connect, and keep it on iWARP, where none could.
+// anywhere could connect, and keep it on iWARP, where none could. On one
+// device's address, options no connection on it could hold are refused
+// with an error matching endpoint.ErrInvalid (on a wildcard, Accept
+// refuses them).
 func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -119,6 +122,16 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 		}
 		l.srq = srq.(*endpoint.SRQ)
 		l.o.conn.ep.SRQ = l.srq
+	}
+	// Bound to one device, the listener can tell now what no connection
+	// on it could hold; on a wildcard, Accept tells.
+	if dev := l.ids[0].id.Context(); dev != nil {
+		if err := seam.CheckLimits(dev, l.o.conn.ep); err != nil {
+			if l.srq != nil {
+				l.srq.Destroy() // nothing was posted to it yet
+			}
+			return fail(err)
+		}
 	}
 	for _, p := range l.ids {
 		l.loops.Add(1)

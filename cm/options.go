@@ -199,7 +199,8 @@ func (o connOptions) readDepths(dev verbs.DeviceAttr) (resp, init int) {
 
 // WithQueueDepth sets both the send and the receive queue depth (default
 // 128). Depths, SGEs and the inline size are bounded by the device: one
-// beyond it fails Dial and Accept with an error matching
+// beyond it fails Dial, Listen on one device's address (but for the inline
+// size, which only creating a QP tells) and Accept with an error matching
 // endpoint.ErrInvalid that names the option.
 func WithQueueDepth(n int) Option {
 	return count("queue depth", n, func(o *connOptions) { o.ep.SendDepth, o.ep.RecvDepth = n, n })

@@ -310,7 +310,17 @@ func (r *ring) unpop(vs []uint32) {
 // dropNewest forgets the n most recently pushed entries.
 func (r *ring) dropNewest(n int) { r.count -= n }
 
-func init() { seam.NewEndpoint = newEndpoint }
+func init() {
+	seam.NewEndpoint = newEndpoint
+	seam.CheckLimits = func(dev *verbs.Context, cfg seam.EndpointConfig) error {
+		setDefaults(&cfg)
+		attr, err := dev.QueryDevice()
+		if err != nil {
+			return err
+		}
+		return checkLimits(cfg, attr)
+	}
+}
 
 // newEndpoint is seam.NewEndpoint.
 func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) (any, *seam.Control, error) {

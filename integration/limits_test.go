@@ -43,34 +43,33 @@ func dialInBackground(dial func() (io.Closer, error)) <-chan error {
 }
 
 // TestOptionsBeyondTheDeviceAreRefused: a connection option the device
-// cannot hold fails Dial, a listener's Accept and msg's Accept (a shared
-// receive queue, Listen) with an
-// error matching endpoint.ErrInvalid that names the option. Before, each
-// failed as a bare EINVAL from the device, and a listener's Accept (cm's
-// and msg's alike) took it for the dialer's failure: it rejected every
-// dialer and waited on. Nothing is left behind.
+// cannot hold fails with an error matching endpoint.ErrInvalid that names
+// the option: Dial; Listen on one device's address (but for the inline
+// size, which only a QP's creation tells); and Accept on a wildcard
+// listener, cm's and msg's, which rejects the dialer. Before, each failed
+// as a bare EINVAL from the device, Listen succeeded, and a listener's
+// Accept (cm's and msg's alike) took the failure for the dialer's: it
+// rejected every dialer and waited on. Nothing is left behind.
 func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	host := rxetest.Addr(t)
 	dev := deviceAttr(t, host)
 	t.Logf("device: %d requests a queue, %d entries a CQ, %d SGEs, %d requests a shared receive queue", dev.MaxQPWR, dev.MaxCQE, dev.MaxSGE, dev.MaxSRQWR)
-	cases := []struct {
-		name string
-		opt  cm.Option
-		says string
-	}{
-		{"queue depth", cm.WithQueueDepth(dev.MaxQPWR + 1), "cm.WithQueueDepth"},
-		{"receive depth", cm.WithRecvDepth(dev.MaxQPWR + 1), "WithRecvDepth"},
-		{"SGEs", cm.WithMaxSGE(dev.MaxSGE + 1), "cm.WithMaxSGE"},
-		{"inline", cm.WithInline(1 << 20), "cm.WithInline"},
+	type limitCase struct {
+		name        string
+		opt         cm.Option
+		says        string
+		onlyACreate bool // only creating a QP tells: Listen cannot
+	}
+	cases := []limitCase{
+		{"queue depth", cm.WithQueueDepth(dev.MaxQPWR + 1), "cm.WithQueueDepth", false},
+		{"receive depth", cm.WithRecvDepth(dev.MaxQPWR + 1), "WithRecvDepth", false},
+		{"SGEs", cm.WithMaxSGE(dev.MaxSGE + 1), "cm.WithMaxSGE", false},
+		{"inline", cm.WithInline(1 << 20), "cm.WithInline", true},
 	}
 	if 2*dev.MaxQPWR > dev.MaxCQE {
-		cases = append(cases, struct {
-			name string
-			opt  cm.Option
-			says string
-		}{"completion queue", cm.WithQueueDepth(dev.MaxQPWR), "completion queue"})
+		cases = append(cases, limitCase{"completion queue", cm.WithQueueDepth(dev.MaxQPWR), "completion queue", false})
 	}
 	good, err := cm.Listen(ctx, net.JoinHostPort(host, "0"))
 	require.NoError(t, err)
@@ -81,10 +80,17 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 		require.ErrorContains(t, err, tc.says, tc.name)
 
 		l, err := cm.Listen(ctx, net.JoinHostPort(host, "0"), tc.opt)
+		if !tc.onlyACreate {
+			require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen", tc.name)
+			require.ErrorContains(t, err, tc.says, tc.name)
+			l, err = cm.Listen(ctx, ":0", tc.opt)
+		}
 		require.NoError(t, err, tc.name)
-		dialed := dialInBackground(func() (io.Closer, error) { return cm.Dial(ctx, l.Addr().String()) })
+		_, lport, err := net.SplitHostPort(l.Addr().String())
+		require.NoError(t, err)
+		dialed := dialInBackground(func() (io.Closer, error) { return cm.Dial(ctx, net.JoinHostPort(host, lport)) })
 		_, err = l.Accept(ctx)
-		require.ErrorIs(t, err, endpoint.ErrInvalid, tc.name)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Accept", tc.name)
 		require.ErrorContains(t, err, tc.says, tc.name)
 		var reject *cm.RejectError
 		require.ErrorAs(t, <-dialed, &reject, "%s: the dialer is rejected", tc.name)
@@ -94,17 +100,25 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 	_, err = cm.Listen(ctx, net.JoinHostPort(host, "0"), cm.WithSharedReceiveQueue(dev.MaxSRQWR+1))
 	require.ErrorIs(t, err, endpoint.ErrInvalid, "a shared receive queue")
 	require.ErrorContains(t, err, "cm.WithSharedReceiveQueue")
+	// Refused after the shared receive queue was made: it is destroyed
+	// (CheckResources).
+	_, err = cm.Listen(ctx, net.JoinHostPort(host, "0"), cm.WithSharedReceiveQueue(16), cm.WithSendDepth(dev.MaxQPWR+1))
+	require.ErrorIs(t, err, endpoint.ErrInvalid, "a shared receive queue, then a send depth")
+	require.ErrorContains(t, err, "WithSendDepth")
 
-	msgCases := map[string]msg.Option{
+	for name, opt := range map[string]msg.Option{
 		"msg receive depth": msg.WithRecvDepth(dev.MaxQPWR + 1),
 		"msg SGEs":          msg.WithCMOptions(cm.WithMaxSGE(dev.MaxSGE + 1)),
-	}
-	for name, opt := range msgCases {
-		l, err := msg.Listen(ctx, net.JoinHostPort(host, "0"), opt)
+	} {
+		_, err := msg.Listen(ctx, net.JoinHostPort(host, "0"), opt)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen", name)
+		l, err := msg.Listen(ctx, ":0", opt)
 		require.NoError(t, err, name)
-		dialed := dialInBackground(func() (io.Closer, error) { return msg.Dial(ctx, l.Addr().String()) })
+		_, lport, err := net.SplitHostPort(l.Addr().String())
+		require.NoError(t, err)
+		dialed := dialInBackground(func() (io.Closer, error) { return msg.Dial(ctx, net.JoinHostPort(host, lport)) })
 		_, err = l.Accept(ctx)
-		require.ErrorIs(t, err, endpoint.ErrInvalid, name)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Accept", name)
 		require.Error(t, <-dialed, "%s: the dialer is refused", name)
 		require.NoError(t, l.Close())
 	}

@@ -238,6 +238,10 @@ var (
 	// of a connection that failed with the connection's error, so that
 	// only the application's Close reads as net.ErrClosed.
 	CloseEndpoint func(ep any, cause error) error
+	// CheckLimits refuses, with endpoint.ErrInvalid naming the option, a
+	// configuration dev cannot hold (what NewEndpoint would refuse on
+	// dev, but the inline size, which only a QP's creation tells).
+	CheckLimits func(dev *verbs.Context, cfg EndpointConfig) error
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
