@@ -456,7 +456,13 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival, concurrent bool)
 		c.release(m)
 		return err
 	}
-	k := &serverCall{Context: ctx, s: s, c: c, id: m.id, method: s.methods.name(name), req: append([]byte(nil), req...)}
+	k := &serverCall{Context: ctx, s: s, c: c, id: m.id, method: s.methods.name(name)}
+	if n := len(req); n > 0 && n <= len(k.small) {
+		k.req = k.small[:n:n]
+		copy(k.req, req)
+	} else {
+		k.req = append([]byte(nil), req...)
+	}
 	c.release(m)
 	s.callStarts()
 	c.out.readied.Add(1) // until its response is on its way
@@ -470,7 +476,8 @@ func (s *Server) start(ctx context.Context, c *Conn, m arrival, concurrent bool)
 
 // serverCall is one call a Server answers. It is its handler's context:
 // the connection's (which ends with it and carries PeerAddr) and the call
-// itself, for Respond and CallPD. One allocation holds both.
+// itself, for Respond and CallPD. One allocation holds both, and the copy
+// of a small request: the handler may keep req, which keeps the call.
 type serverCall struct {
 	context.Context
 	s      *Server
@@ -478,11 +485,16 @@ type serverCall struct {
 	id     uint64
 	method string
 	req    []byte
+	small  [smallRequest]byte // req's bytes, when they fit
 	// state is callOpen while the handler may still Respond, then
 	// callResponded (Respond took the answer) or callReturned (what the
 	// handler returns is sent).
 	state atomic.Int32
 }
+
+// smallRequest is the largest request copied into its serverCall rather
+// than an allocation of its own.
+const smallRequest = 64
 
 const (
 	callOpen int32 = iota
