@@ -45,7 +45,11 @@ vet: deps
 test-host: build
 	RDMACM_REQUIRE_DEVICE= $(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^(TestCreditRulesSettle|TestStreamHoldSettles)$$' ./msg
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 100000x ./msg
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 100000x ./msg
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime 100000x ./msg
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime 100000x ./msg
+	$(GO) test -run '^$$' -fuzz '^FuzzGRHSource$$' -fuzztime 100000x ./dgram
+	$(GO) test -run '^$$' -fuzz '^FuzzSplitHostPort$$' -fuzztime 100000x ./dgram
 
 # rxe: the device tests (integration/) run in a fresh Soft-RoCE guest, one
 # test binary at a time

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -122,4 +123,42 @@ func TestConnNotMadeFailsWithEINVAL(t *testing.T) {
 			t.Errorf("%s: addresses %v and %v, MTU %d, Stats %+v: want nil, nil, 0 and zero", name, c.LocalAddr(), c.RemoteAddr(), c.MTU(), c.Stats())
 		}
 	}
+}
+
+// FuzzGRHSource: no bytes a device (or a peer shaping its packets) puts
+// ahead of a datagram crash the reader of the sender's address, and an
+// address it gives is an IPv4 or IPv6 one.
+func FuzzGRHSource(f *testing.F) {
+	f.Add(roceV2IPv4GRH(net.ParseIP("10.77.0.2"), net.ParseIP("10.77.0.1")))
+	v6 := make([]byte, 40)
+	v6[0] = 0x60
+	copy(v6[8:], net.ParseIP("fd77::2"))
+	f.Add(v6)
+	f.Add(make([]byte, 39))
+	f.Fuzz(func(t *testing.T, h []byte) {
+		ip, ok := grhSource(h)
+		if ok != (ip != nil) || ok && len(ip) != net.IPv6len {
+			t.Fatalf("grhSource(%x) = %v, %v", h, ip, ok)
+		}
+	})
+}
+
+// FuzzSplitHostPort: no address string crashes Dial's and Resolve's
+// parser, and every Addr's String (which net's callers pass back as an
+// address) parses to its host and port.
+func FuzzSplitHostPort(f *testing.F) {
+	f.Add("10.0.0.1:7174/qp=0x11", []byte{10, 0, 0, 1}, uint16(7174), uint32(0x11))
+	f.Add("[fd77::1]:1/qp=0x1", []byte(net.ParseIP("fd77::1")), uint16(1), uint32(1))
+	f.Add("/qp=", []byte{}, uint16(0), uint32(0xffffff))
+	f.Fuzz(func(t *testing.T, s string, ip []byte, port uint16, qpn uint32) {
+		splitHostPort(s)
+		if len(ip) != net.IPv4len && len(ip) != net.IPv6len || port == 0 {
+			return
+		}
+		a := &Addr{IP: ip, Port: int(port), QPN: qpn}
+		host, p, err := splitHostPort(a.String())
+		if err != nil || host != a.IP.String() || p != strconv.Itoa(int(port)) {
+			t.Fatalf("splitHostPort(%q) = %q, %q, %v", a.String(), host, p, err)
+		}
+	})
 }

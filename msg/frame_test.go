@@ -1,6 +1,7 @@
 package msg
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -86,4 +87,49 @@ func BenchmarkHeaderEncodeDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzParseHello: no private data a peer sends crashes the hello's
+// parser, and what it accepts encodes back to the same hello.
+func FuzzParseHello(f *testing.F) {
+	f.Add(hello{recvDepth: 32, bufSize: 4096}.encode())
+	f.Add(hello{recvDepth: minRecvDepth, bufSize: HeaderSize + rendezvousInfoSize, streamReader: true}.encode())
+	f.Add(append(hello{recvDepth: 1 << 20, bufSize: 1 << 30}.encode(), make([]byte, 40)...)) // CM padding
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := parseHello(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		require.GreaterOrEqual(t, h.recvDepth, minRecvDepth)
+		require.GreaterOrEqual(t, h.bufSize, HeaderSize+rendezvousInfoSize)
+		again, err := parseHello(h.encode())
+		require.NoError(t, err)
+		require.Equal(t, h, again)
+	})
+}
+
+// FuzzDecodeRequest: no request payload a peer sends crashes the
+// decoder, and what it accepts is a method of 1 to 255 bytes and the
+// rest, which requestHead puts back together.
+func FuzzDecodeRequest(f *testing.F) {
+	var buf [256]byte
+	for _, method := range []string{"echo", "m", strings.Repeat("x", 255)} {
+		head, err := requestHead(&buf, method)
+		require.NoError(f, err)
+		f.Add(append(append([]byte(nil), head...), "request"...))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{255, 'a'})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		method, req, err := decodeRequest(p)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		require.NotEmpty(t, method)
+		head, err := requestHead(&buf, string(method))
+		require.NoError(t, err)
+		require.Equal(t, p, append(append([]byte(nil), head...), req...))
+	})
 }
