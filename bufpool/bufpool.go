@@ -105,6 +105,9 @@ func OpenPD(ctx context.Context, host string) (*PD, error) {
 // freed once its pools, regions and endpoints are closed too. A PD from
 // Endpoint.PD is the endpoint's: closing it is refused. Idempotent.
 func (p *PD) Close() error {
+	if p == nil || p.d == nil {
+		return fmt.Errorf("bufpool: a PD not made by OpenPD or an endpoint: %w", syscall.EINVAL)
+	}
 	if !p.opened {
 		return errors.New("bufpool: this PD is an endpoint's: close the endpoint instead")
 	}

@@ -54,11 +54,17 @@ func TestNilOptionIsIgnored(t *testing.T) {
 	require.ErrorContains(t, err, "size 0 and count 256")
 }
 
-// A nil or zero Pool's or Region's Close fails with EINVAL, not a panic.
+// A nil or zero PD's, Pool's or Region's Close fails with EINVAL, not a
+// panic (a zero PD's said it was an endpoint's).
 func TestNotMadeIsRefused(t *testing.T) {
 	for name, p := range map[string]*Pool{"nil": nil, "zero": {}} {
 		if err := p.Close(); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("Pool %s: Close gave %v, want EINVAL", name, err)
+		}
+	}
+	for name, p := range map[string]*PD{"nil": nil, "zero": {}} {
+		if err := p.Close(); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("PD %s: Close gave %v, want EINVAL", name, err)
 		}
 	}
 	for name, r := range map[string]*Region{"nil": nil, "zero": {}} {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 )
@@ -101,7 +102,11 @@ func TestNotMadeIsRefused(t *testing.T) {
 	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
 		require.ErrorIs(t, l.Close(), endpoint.ErrInvalid, "Listener "+name)
 	}
-	for name, cl := range map[string]*Client{"nil": nil, "zero": {}} {
+	for name, cl := range map[string]*Client{"nil": nil, "zero": {}, "on no Conn": NewClient(nil), "on a zero Conn": NewClient(&Conn{})} {
+		_, err := cl.Call(context.Background(), "m", nil)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "Client "+name)
+		_, err = cl.CallRegion(context.Background(), "m", &bufpool.Region{}, 1)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "Client "+name)
 		require.ErrorIs(t, cl.Close(), endpoint.ErrInvalid, "Client "+name)
 	}
 	for name, s := range map[string]*Server{"nil": nil, "zero": {}, "no handler": NewServer(nil)} {

@@ -103,8 +103,18 @@ type Client struct {
 	turn     chan struct{} // the polling, offered to a waiting caller (1 deep)
 }
 
-// NewClient makes a Client that owns c.
+// made says whether cl is a Client NewClient made on a connection.
+func (cl *Client) made() bool { return cl != nil && cl.c != nil }
+
+var errClientNotMade = invalid("a Client not made by NewClient or DialClient on a connection")
+
+// NewClient makes a Client that owns c. With a nil or zero c (not made
+// by Dial or Accept) the Client serves nothing: its calls and Close fail
+// with an error matching endpoint.ErrInvalid.
 func NewClient(c *Conn) *Client {
+	if c == nil || c.ep == nil {
+		return &Client{}
+	}
 	cl := &Client{c: c, pending: map[uint64]chan arrival{}, loopDone: make(chan struct{}), turn: make(chan struct{}, 1)}
 	c.setRouter(cl.route)
 	go cl.run()
@@ -200,6 +210,9 @@ func (cl *Client) CallRegion(ctx context.Context, method string, region *bufpool
 // nor the caller's req has to leave the stack: a call allocates nothing of
 // its own but the response's copy.
 func (cl *Client) call(ctx context.Context, method string, req []byte, region *bufpool.Region, n int) ([]byte, error) {
+	if !cl.made() {
+		return nil, errClientNotMade
+	}
 	var buf [256]byte
 	head, err := requestHead(&buf, method)
 	if err != nil {
@@ -321,8 +334,8 @@ func (cl *Client) RemoteAddr() net.Addr { return cl.c.RemoteAddr() }
 
 // Close closes the connection; calls in flight return errors.
 func (cl *Client) Close() error {
-	if cl == nil || cl.c == nil {
-		return invalid("a Client not made by NewClient or DialClient")
+	if !cl.made() {
+		return errClientNotMade
 	}
 	err := cl.c.Close()
 	<-cl.loopDone

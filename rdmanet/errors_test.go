@@ -1,6 +1,7 @@
 package rdmanet
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"syscall"
@@ -113,4 +114,13 @@ func TestConnAndListenerNotMadeFailWithEINVAL(t *testing.T) {
 		require.ErrorIs(t, l.Close(), syscall.EINVAL, name)
 		require.Nil(t, l.Addr(), name)
 	}
+}
+
+// A nil Dialer dials as the zero one does, instead of panicking.
+func TestNilDialerDialsWithNoOptions(t *testing.T) {
+	_, err := (*Dialer)(nil).DialContext(context.Background(), "tcp", "127.0.0.1:1")
+	var opErr *net.OpError
+	require.ErrorAs(t, err, &opErr)
+	_, err = (&Dialer{}).DialContext(context.Background(), "tcp", "127.0.0.1:1")
+	require.ErrorAs(t, err, &opErr)
 }

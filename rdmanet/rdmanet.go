@@ -550,6 +550,7 @@ func (l *Listener) ok() bool { return l != nil && l.l != nil }
 // the shape of net/http's Transport.DialContext (and net.Dialer's), so code
 // written for TCP switches transport with one line. (gRPC's
 // WithContextDialer takes a function of ctx and addr: wrap Dial in one.)
+// The zero Dialer, and a nil one, dial with no options.
 type Dialer struct {
 	Options []Option
 }
@@ -559,7 +560,10 @@ type Dialer struct {
 // "tcp6" (only its IPv4 or IPv6 addresses; an address of the other family
 // is refused with a *net.AddrError before anything is dialed).
 func (d *Dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	opts := d.Options
+	var opts []Option
+	if d != nil { // a nil Dialer dials as the zero one does
+		opts = d.Options
+	}
 	switch network {
 	case "tcp", "rdma":
 	case "tcp4", "tcp6":
