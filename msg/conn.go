@@ -646,6 +646,15 @@ func (c *Conn) Close() error {
 	}
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
+		c.mu.Lock()
+		peerFirst := c.peerClosed
+		c.mu.Unlock()
+		if peerFirst {
+			// The peer's goodbye came before this Close, though the
+			// connection's end may not have been handled yet (its
+			// disconnect follows the goodbye): Err says the peer's.
+			c.fail(ErrPeerClosed)
+		}
 		c.fail(seam.ErrClosedHere)
 		errs := []error{c.ep.Close()}
 		if c.delivered != nil { // awaitDelivery gave up: the read's buffer comes back flushed
