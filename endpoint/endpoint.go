@@ -387,19 +387,26 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 // configuration the device cannot hold. Left to the device, each would fail
 // later as a bare EINVAL from ibv_create_cq or rdma_create_qp.
 func checkLimits(cfg seam.EndpointConfig, dev verbs.DeviceAttr) error {
-	recvEntries := cfg.RecvDepth
-	if cfg.SRQ != nil {
-		recvEntries = len(cfg.SRQ.(*SRQ).slots.slots)
-	}
+	entries := cqEntries(cfg)
 	switch {
 	case cfg.SendDepth > dev.MaxQPWR || cfg.RecvDepth > dev.MaxQPWR:
 		return fmt.Errorf("%w: queue depth %d/%d exceeds the device's %d (cm.WithQueueDepth, WithSendDepth, WithRecvDepth)", ErrInvalid, cfg.SendDepth, cfg.RecvDepth, dev.MaxQPWR)
-	case cfg.SendDepth+recvEntries > dev.MaxCQE:
-		return fmt.Errorf("%w: %d sends and %d receives need a completion queue of %d entries; the device's hold at most %d (cm.WithQueueDepth, WithSendDepth, WithRecvDepth)", ErrInvalid, cfg.SendDepth, recvEntries, cfg.SendDepth+recvEntries, dev.MaxCQE)
+	case entries > dev.MaxCQE:
+		return fmt.Errorf("%w: %d sends and %d receives need a completion queue of %d entries; the device's hold at most %d (cm.WithQueueDepth, WithSendDepth, WithRecvDepth)", ErrInvalid, cfg.SendDepth, entries-cfg.SendDepth, entries, dev.MaxCQE)
 	case cfg.MaxSGE > dev.MaxSGE:
 		return fmt.Errorf("%w: %d scatter/gather entries per request exceed the device's %d (cm.WithMaxSGE)", ErrInvalid, cfg.MaxSGE, dev.MaxSGE)
 	}
 	return nil
+}
+
+// cqEntries sizes the one CQ of both queues, an entry for every slot, so
+// that it cannot overflow. With an SRQ, every shared receive may complete
+// there.
+func cqEntries(cfg seam.EndpointConfig) int {
+	if cfg.SRQ != nil {
+		return cfg.SendDepth + len(cfg.SRQ.(*SRQ).slots.slots)
+	}
+	return cfg.SendDepth + cfg.RecvDepth
 }
 
 func setDefaults(c *seam.EndpointConfig) {
@@ -463,13 +470,7 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { ep.ch.Destroy() })
-	// One CQ for both queues, with an entry for every slot: it cannot
-	// overflow. With an SRQ, every shared receive may complete here.
-	recvEntries := ep.cfg.RecvDepth
-	if ep.srq != nil {
-		recvEntries = len(ep.srq.slots.slots)
-	}
-	if ep.cq, err = vctx.NewCQ(ep.cfg.SendDepth+recvEntries, ep.ch, 64); err != nil {
+	if ep.cq, err = vctx.NewCQ(cqEntries(ep.cfg), ep.ch, 64); err != nil {
 		return err
 	}
 	undo = append(undo, func() { ep.cq.Destroy() })
