@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -229,14 +230,33 @@ var errLoopbackListen = fmt.Errorf("a loopback address has no RDMA device (a lis
 // SRQ is the listener's shared receive queue (WithSharedReceiveQueue), or
 // nil. Post receives to it; destroy it after the listener and every
 // endpoint it accepted are closed.
-func (l *Listener) SRQ() *endpoint.SRQ { return l.srq }
+func (l *Listener) SRQ() *endpoint.SRQ {
+	if !l.made() {
+		return nil
+	}
+	return l.srq
+}
+
+// made says whether l was made by Listen. A nil or zero Listener's calls
+// fail with errListenerNotMade and its Addr and SRQ are nil, instead of
+// panicking or, for its Accepts, waiting for ever.
+func (l *Listener) made() bool { return l != nil && l.closing != nil }
+
+var errListenerNotMade = fmt.Errorf("%w: a Listener not made by Listen", endpoint.ErrInvalid)
 
 // Addr is the bound address (with the port chosen, if port 0 was asked).
-func (l *Listener) Addr() net.Addr { return l.addr }
+func (l *Listener) Addr() net.Addr {
+	if !l.made() {
+		return nil
+	}
+	return l.addr
+}
 
 // Request is a connect request waiting to be accepted or rejected. Exactly
-// one of Accept and Reject must be called.
+// one of Accept and Reject must be called; a second call, or a call on a
+// nil or zero Request, fails with an error matching endpoint.ErrInvalid.
 type Request struct {
+	answered    atomic.Bool // Accept or Reject was called
 	id          *verbs.CMID
 	q           *cmevent.Queue
 	o           connOptions // the listener's
@@ -249,13 +269,41 @@ type Request struct {
 
 // PrivateData is what the dialer sent with its connect request
 // (WithPrivateData), padded by the CM with zeros.
-func (r *Request) PrivateData() []byte { return r.privateData }
+func (r *Request) PrivateData() []byte {
+	if r == nil {
+		return nil
+	}
+	return r.privateData
+}
 
 // RemoteAddr is the dialer's address.
-func (r *Request) RemoteAddr() net.Addr { return r.remoteAddr }
+func (r *Request) RemoteAddr() net.Addr {
+	if r == nil {
+		return nil
+	}
+	return r.remoteAddr
+}
 
 // LocalAddr is the address the request arrived at.
-func (r *Request) LocalAddr() net.Addr { return r.localAddr }
+func (r *Request) LocalAddr() net.Addr {
+	if r == nil {
+		return nil
+	}
+	return r.localAddr
+}
+
+// answer claims r for the one Accept or Reject it may have. The request's
+// id belongs to that call from then on (to the connection, or freed), so
+// a second call must not reach it.
+func (r *Request) answer() error {
+	if r == nil || r.id == nil {
+		return fmt.Errorf("%w: a Request not made by AcceptRequest", endpoint.ErrInvalid)
+	}
+	if r.answered.Swap(true) {
+		return fmt.Errorf("%w: the Request was accepted or rejected already", endpoint.ErrInvalid)
+	}
+	return nil
+}
 
 // run takes the events of one of the listener's ids. Each connect
 // request's new id comes with a queue of its own, so the request (and
@@ -300,6 +348,9 @@ func (l *Listener) run(q *cmevent.Queue) {
 
 // AcceptRequest waits for the next connect request.
 func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
+	if !l.made() {
+		return nil, errListenerNotMade
+	}
 	select {
 	case <-l.closing:
 		return nil, ErrListenerClosed
@@ -327,6 +378,9 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // call Accept from several goroutines, or take each Request from
 // AcceptRequest and accept it in a goroutine of its own.
 func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
+	if !l.made() {
+		return nil, errListenerNotMade
+	}
 	// Options no request could be accepted with are the caller's error:
 	// checked here, they would reject every dialer while Accept waited on.
 	if _, err := newAcceptOptions(l.o.conn, opts); err != nil {
@@ -361,9 +415,12 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 // matching syscall.ECONNRESET, where a TCP dialer would connect and read
 // EOF. Package msg keeps this rule for its users.
 func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.Endpoint, error) {
+	if err := r.answer(); err != nil {
+		return nil, fmt.Errorf("cm: accept: %w", err)
+	}
 	o, err := newAcceptOptions(r.o, opts)
 	if err != nil {
-		r.Reject(nil)
+		r.reject(nil)
 		return nil, fmt.Errorf("cm: accept: %w (the request was rejected)", err)
 	}
 	c := newConn(r.id, r.q, o.conn.logger)
@@ -371,7 +428,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 	cfg.LocalAddr, cfg.RemoteAddr = r.localAddr, r.remoteAddr
 	ep, err := c.start(cfg)
 	if err != nil {
-		r.Reject(nil)
+		r.reject(nil)
 		return nil, fmt.Errorf("cm: accept: %w", err)
 	}
 	c.ctl.Established(r.privateData)
@@ -413,6 +470,14 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 // Reject refuses the request; the dialer's error carries privateData (at
 // most 148 bytes).
 func (r *Request) Reject(privateData []byte) error {
+	if err := r.answer(); err != nil {
+		return fmt.Errorf("cm: reject: %w", err)
+	}
+	return r.reject(privateData)
+}
+
+// reject is Reject, for the call that answered r.
+func (r *Request) reject(privateData []byte) error {
 	err := r.id.Reject(privateData)
 	return errors.Join(err, r.q.Close(r.id.Destroy))
 }
@@ -426,8 +491,8 @@ func destroyEP(id *verbs.CMID) func() error {
 // Connections already accepted are not affected. Idempotent: every call
 // returns the first one's result.
 func (l *Listener) Close() error {
-	if l == nil || l.closing == nil {
-		return fmt.Errorf("%w: a Listener not made by Listen", endpoint.ErrInvalid)
+	if !l.made() {
+		return errListenerNotMade
 	}
 	l.closeOnce.Do(func() {
 		close(l.closing)

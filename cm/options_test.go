@@ -65,11 +65,31 @@ func TestResolveTimeoutOutOfRangeIsRefused(t *testing.T) {
 	}
 }
 
-// A nil or zero Listener's Close fails with ErrInvalid, not a panic.
+// A nil or zero Listener's or Request's calls fail with ErrInvalid and
+// their addresses are nil: nothing panics or waits for ever.
 func TestListenerNotMadeIsRefused(t *testing.T) {
+	ctx := context.Background()
 	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
-		if err := l.Close(); !errors.Is(err, endpoint.ErrInvalid) {
-			t.Errorf("%s: Close gave %v, want ErrInvalid", name, err)
+		_, acceptErr := l.Accept(ctx)
+		_, requestErr := l.AcceptRequest(ctx)
+		for op, err := range map[string]error{"Close": l.Close(), "Accept": acceptErr, "AcceptRequest": requestErr} {
+			if !errors.Is(err, endpoint.ErrInvalid) {
+				t.Errorf("%s Listener: %s gave %v, want ErrInvalid", name, op, err)
+			}
+		}
+		if l.Addr() != nil || l.SRQ() != nil {
+			t.Errorf("%s Listener: Addr %v, SRQ %v, want nil", name, l.Addr(), l.SRQ())
+		}
+	}
+	for name, r := range map[string]*Request{"nil": nil, "zero": {}} {
+		_, acceptErr := r.Accept(ctx)
+		for op, err := range map[string]error{"Accept": acceptErr, "Reject": r.Reject(nil)} {
+			if !errors.Is(err, endpoint.ErrInvalid) {
+				t.Errorf("%s Request: %s gave %v, want ErrInvalid", name, op, err)
+			}
+		}
+		if r.LocalAddr() != nil || r.RemoteAddr() != nil || r.PrivateData() != nil {
+			t.Errorf("%s Request: addresses %v and %v, private data %v, want nil", name, r.LocalAddr(), r.RemoteAddr(), r.PrivateData())
 		}
 	}
 }

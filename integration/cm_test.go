@@ -618,6 +618,62 @@ func TestRejectWithPrivateData(t *testing.T) {
 	}
 }
 
+// TestRequestIsAnsweredOnce: a Request's one answer owns its id (the
+// connection's, or freed by Reject), so a second Accept or Reject is
+// refused with ErrInvalid and leaves the first answer's connection as it
+// was.
+func TestRequestIsAnsweredOnce(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	type answered struct {
+		ep       *endpoint.Endpoint
+		again    []error
+		rejected []error
+	}
+	got := make(chan answered, 1)
+	go func() {
+		var a answered
+		defer func() { got <- a }()
+		req, err := l.AcceptRequest(ctx)
+		if err != nil {
+			return
+		}
+		if a.ep, err = req.Accept(ctx); err != nil {
+			return
+		}
+		_, err = req.Accept(ctx)
+		a.again = []error{err, req.Reject(nil)}
+		// A rejected request refuses a later answer too.
+		if req, err = l.AcceptRequest(ctx); err == nil {
+			rejectErr := req.Reject(nil)
+			_, err = req.Accept(ctx)
+			a.rejected = []error{rejectErr, err, req.Reject(nil)}
+		}
+	}()
+	client, err := cm.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	_, err = cm.Dial(ctx, l.Addr().String())
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "the second dial was rejected")
+	a := <-got
+	require.NotNil(t, a.ep)
+	require.Len(t, a.again, 2)
+	for _, err := range a.again {
+		require.ErrorIs(t, err, endpoint.ErrInvalid)
+		require.ErrorContains(t, err, "accepted or rejected already")
+	}
+	require.Len(t, a.rejected, 3)
+	require.NoError(t, a.rejected[0])
+	require.ErrorIs(t, a.rejected[1], endpoint.ErrInvalid)
+	require.ErrorIs(t, a.rejected[2], endpoint.ErrInvalid)
+	p := &pair{client: client, server: a.ep, listener: l}
+	defer closeAndDrain(t, client)
+	defer closeAndDrain(t, a.ep)
+	require.NoError(t, echoOnce(t, ctx, p), "the accepted connection still carries messages")
+}
+
 func TestPrivateDataBothWays(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
