@@ -185,13 +185,26 @@ type Buffer struct {
 }
 
 // Bytes is the buffer's whole memory. Its length is the buffer size.
-func (b *Buffer) Bytes() []byte { return b.data }
+func (b *Buffer) Bytes() []byte {
+	if b == nil {
+		return nil
+	}
+	return b.data
+}
 
 // Len is the buffer's size in bytes.
-func (b *Buffer) Len() int { return len(b.data) }
+func (b *Buffer) Len() int {
+	if b == nil {
+		return 0
+	}
+	return len(b.data)
+}
 
 // Segment names [off, off+n) of the buffer for a work request.
 func (b *Buffer) Segment(off, n int) (Segment, error) {
+	if b == nil {
+		return Segment{}, fmt.Errorf("bufpool: a segment of a nil Buffer: %w", syscall.EINVAL)
+	}
 	if off < 0 || n < 0 || off+n > len(b.data) || off+n < 0 {
 		return Segment{}, fmt.Errorf("%w: [%d, %d) of a %d-byte buffer", ErrRange, off, off+n, len(b.data))
 	}
@@ -200,6 +213,9 @@ func (b *Buffer) Segment(off, n int) (Segment, error) {
 
 // sge is [off, off+n) as a work request names it, checked.
 func (b *Buffer) sge(off, n int) (verbs.SGE, *seam.Domain, error) {
+	if b == nil {
+		return verbs.SGE{}, nil, fmt.Errorf("bufpool: a nil Buffer (a Region not made by NewRegion has none): %w", syscall.EINVAL)
+	}
 	if !b.out.Load() {
 		if b.pool != nil {
 			return verbs.SGE{}, nil, errors.New("bufpool: the buffer is back in its pool (Put): get it again before posting it")
@@ -290,10 +306,25 @@ func mapPages(n int) ([]byte, error) {
 }
 
 // BufferSize is the size of each buffer.
-func (p *Pool) BufferSize() int { return p.size }
+func (p *Pool) BufferSize() int {
+	if !p.made() {
+		return 0
+	}
+	return p.size
+}
+
+// made says whether p was made by New. A nil or zero Pool's Get and Close
+// fail with errPoolNotMade, and it has no buffers, instead of panicking
+// or, for Get, waiting for ever.
+func (p *Pool) made() bool { return p != nil && p.free != nil }
+
+var errPoolNotMade = fmt.Errorf("bufpool: a Pool not made by New: %w", syscall.EINVAL)
 
 // Get takes a buffer, waiting until one is free or ctx ends.
 func (p *Pool) Get(ctx context.Context) (*Buffer, error) {
+	if !p.made() {
+		return nil, errPoolNotMade
+	}
 	select {
 	case b := <-p.free:
 		return p.take(b)
@@ -311,6 +342,9 @@ func (p *Pool) Get(ctx context.Context) (*Buffer, error) {
 
 // TryGet takes a buffer if one is free.
 func (p *Pool) TryGet() (*Buffer, bool) {
+	if !p.made() {
+		return nil, false
+	}
 	select {
 	case b := <-p.free:
 		b, err := p.take(b)
@@ -362,6 +396,9 @@ type Stats struct {
 
 // Stats returns how many buffers are free and out.
 func (p *Pool) Stats() Stats {
+	if !p.made() {
+		return Stats{}
+	}
 	free := len(p.free)
 	return Stats{Size: p.size, Count: len(p.bufs), Free: free, Out: len(p.bufs) - free}
 }
@@ -371,8 +408,8 @@ func (p *Pool) Stats() Stats {
 // last buffer is Put, because a buffer still out may be posted to the
 // device. Close is idempotent.
 func (p *Pool) Close() error {
-	if p == nil || p.free == nil {
-		return fmt.Errorf("bufpool: a Pool not made by New: %w", syscall.EINVAL)
+	if !p.made() {
+		return errPoolNotMade
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -115,16 +115,39 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 }
 
 // Access is the remote access the region was registered for.
-func (r *Region) Access() Access { return r.access }
+func (r *Region) Access() Access {
+	if !r.made() {
+		return 0
+	}
+	return r.access
+}
+
+// made says whether r was made by NewRegion. A nil or zero Region's Close
+// fails with EINVAL, and it has no memory: its Buffer is nil, its Bytes
+// and Remote are empty.
+func (r *Region) made() bool { return r != nil && r.mr != nil }
 
 // Bytes is the region's memory.
-func (r *Region) Bytes() []byte { return r.buf.data }
+func (r *Region) Bytes() []byte {
+	if !r.made() {
+		return nil
+	}
+	return r.buf.data
+}
 
 // Buffer is the region as a local buffer, for posting it in work requests.
-func (r *Region) Buffer() *Buffer { return &r.buf }
+func (r *Region) Buffer() *Buffer {
+	if !r.made() {
+		return nil
+	}
+	return &r.buf
+}
 
 // Remote is the descriptor the peer needs to access the region.
 func (r *Region) Remote() Remote {
+	if !r.made() {
+		return Remote{}
+	}
 	return Remote{Addr: r.mr.Addr(), RKey: r.mr.RKey(), Len: uint64(len(r.buf.data))}
 }
 
@@ -132,7 +155,7 @@ func (r *Region) Remote() Remote {
 // it. The caller must know that no local work request still uses it.
 // Idempotent.
 func (r *Region) Close() error {
-	if r == nil || r.mr == nil {
+	if !r.made() {
 		return fmt.Errorf("bufpool: a Region not made by NewRegion: %w", syscall.EINVAL)
 	}
 	r.mu.Lock()

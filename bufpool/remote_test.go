@@ -1,11 +1,14 @@
 package bufpool
 
 import (
+	"context"
 	"errors"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 func TestRemoteEncoding(t *testing.T) {
@@ -54,12 +57,23 @@ func TestNilOptionIsIgnored(t *testing.T) {
 	require.ErrorContains(t, err, "size 0 and count 256")
 }
 
-// A nil or zero PD's, Pool's or Region's Close fails with EINVAL, not a
-// panic (a zero PD's said it was an endpoint's).
+// A nil or zero PD, Pool or Region holds no memory: its calls fail with
+// EINVAL and its accessors give zero values, without a panic or, for a
+// Pool's Get, a wait for ever. A nil Buffer is empty and names no segment.
 func TestNotMadeIsRefused(t *testing.T) {
 	for name, p := range map[string]*Pool{"nil": nil, "zero": {}} {
+		_, err := p.Get(context.Background())
+		if !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("Pool %s: Get gave %v, want EINVAL", name, err)
+		}
 		if err := p.Close(); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("Pool %s: Close gave %v, want EINVAL", name, err)
+		}
+		if b, ok := p.TryGet(); b != nil || ok {
+			t.Errorf("Pool %s: TryGet gave %v, %v", name, b, ok)
+		}
+		if p.BufferSize() != 0 || p.Stats() != (Stats{}) {
+			t.Errorf("Pool %s: size %d, stats %+v, want none", name, p.BufferSize(), p.Stats())
 		}
 	}
 	for name, p := range map[string]*PD{"nil": nil, "zero": {}} {
@@ -71,5 +85,18 @@ func TestNotMadeIsRefused(t *testing.T) {
 		if err := r.Close(); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("Region %s: Close gave %v, want EINVAL", name, err)
 		}
+		if r.Buffer() != nil || r.Bytes() != nil || r.Remote() != (Remote{}) || r.Access() != 0 {
+			t.Errorf("Region %s: buffer %v, bytes %v, remote %+v, access %v, want none", name, r.Buffer(), r.Bytes(), r.Remote(), r.Access())
+		}
+	}
+	var b *Buffer
+	if _, err := b.Segment(0, 0); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("nil Buffer: Segment gave %v, want EINVAL", err)
+	}
+	if _, _, err := seam.BufferSGE(b, 0, 0); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("nil Buffer: its work request's SGE gave %v, want EINVAL", err)
+	}
+	if b.Bytes() != nil || b.Len() != 0 {
+		t.Errorf("nil Buffer: bytes %v, length %d, want none", b.Bytes(), b.Len())
 	}
 }

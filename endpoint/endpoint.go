@@ -511,18 +511,38 @@ func (ep *Endpoint) explainCreateQP(init verbs.QPInit, err error) error {
 // PD is the protection domain of the endpoint's QP. Pools and regions made
 // on it serve this endpoint, and the endpoints that share its PD
 // (cm.WithPD); the peers of other endpoints cannot reach them.
-func (ep *Endpoint) PD() *bufpool.PD { return ep.pdv }
+func (ep *Endpoint) PD() *bufpool.PD {
+	if !ep.made() {
+		return nil
+	}
+	return ep.pdv
+}
 
 // LocalAddr is this side's address of the connection.
-func (ep *Endpoint) LocalAddr() net.Addr { return ep.cfg.LocalAddr }
+func (ep *Endpoint) LocalAddr() net.Addr {
+	if !ep.made() {
+		return nil
+	}
+	return ep.cfg.LocalAddr
+}
 
 // RemoteAddr is the peer's address.
-func (ep *Endpoint) RemoteAddr() net.Addr { return ep.cfg.RemoteAddr }
+func (ep *Endpoint) RemoteAddr() net.Addr {
+	if !ep.made() {
+		return nil
+	}
+	return ep.cfg.RemoteAddr
+}
 
 // PrivateData is what the peer sent with the connection: its connect
 // request's private data on the accepting side, its accept's on the
 // dialing side. The CM may pad it with zeros to the transport's size.
-func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
+func (ep *Endpoint) PrivateData() []byte {
+	if !ep.made() {
+		return nil
+	}
+	return ep.peerData
+}
 
 // Completions delivers one Completion per posted work request (Silent ones
 // only when they fail; those with a Notify channel go there instead), each
@@ -534,11 +554,21 @@ func (ep *Endpoint) PrivateData() []byte { return ep.peerData }
 // it is closed, or use CloseAndDrain. If nobody reads it for the close
 // timeout after Close (cm.WithCloseTimeout, default 5 s), the completions
 // not read are dropped and their buffers put back in their pools.
-func (ep *Endpoint) Completions() <-chan Completion { return ep.queue.out }
+func (ep *Endpoint) Completions() <-chan Completion {
+	if !ep.made() {
+		return noCompletions
+	}
+	return ep.queue.out
+}
 
 // Done is closed when the connection has ended: Close, the peer left, or
 // the endpoint failed (Err says which).
-func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
+func (ep *Endpoint) Done() <-chan struct{} {
+	if !ep.made() {
+		return seam.Closed
+	}
+	return ep.done
+}
 
 // Err says why Done closed (nil while the connection is up): after Close,
 // an error matching ErrClosed and net.ErrClosed; when the peer left, or
@@ -557,6 +587,9 @@ func (ep *Endpoint) Done() <-chan struct{} { return ep.done }
 // refused with this error, and after Close with one matching
 // net.ErrClosed.
 func (ep *Endpoint) Err() error {
+	if !ep.made() {
+		return errNotMade
+	}
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
 	}
@@ -603,7 +636,12 @@ func (ep *Endpoint) setDone(cause error) {
 }
 
 // MaxInline is the inline size the device granted.
-func (ep *Endpoint) MaxInline() int { return ep.caps.MaxInline }
+func (ep *Endpoint) MaxInline() int {
+	if !ep.made() {
+		return 0
+	}
+	return ep.caps.MaxInline
+}
 
 // CloseAndDrain closes the endpoint and reads Completions until it is
 // closed, handing each remaining completion to each; with each nil, it
@@ -643,11 +681,20 @@ func (ep *Endpoint) Close() error {
 }
 
 // made says whether ep was made by cm's Dial or Accept. A nil or zero
-// Endpoint's Close, CloseAndDrain, Next and posts fail with errNotMade
-// instead of panicking or, for Next, waiting for ever.
+// Endpoint is one that ended before it began: its calls fail with
+// errNotMade, Done and Completions are closed, and its other accessors
+// give zero values, instead of panicking or waiting for ever.
 func (ep *Endpoint) made() bool { return ep != nil && ep.done != nil }
 
 var errNotMade = fmt.Errorf("%w: an Endpoint not made by cm's Dial or Accept", ErrInvalid)
+
+// noCompletions is an unmade Endpoint's Completions: closed, as an ended
+// endpoint's is once drained.
+var noCompletions = func() chan Completion {
+	c := make(chan Completion)
+	close(c)
+	return c
+}()
 
 // closeWith is Close, which reports cause (it matches ErrClosed) as why
 // the endpoint ended and in every error the close causes: package msg

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -89,21 +90,51 @@ func TestCallsAfterCloseAreNetErrClosed(t *testing.T) {
 	require.NotErrorIs(t, ep.Err(), net.ErrClosed)
 }
 
-// TestEndpointNotMadeIsRefused: a nil or zero Endpoint's Close,
-// CloseAndDrain, Next and posts fail with ErrInvalid; before, Close and
-// the posts panicked and Next and CloseAndDrain waited for ever. So does
-// a zero SRQ's Destroy.
+// TestEndpointNotMadeIsRefused: a nil or zero Endpoint is one that ended
+// before it began. Its calls fail with ErrInvalid, Done and Completions
+// are closed, and its accessors give zero values: nothing panics or waits
+// for ever. A nil or zero SRQ's calls fail the same way.
 func TestEndpointNotMadeIsRefused(t *testing.T) {
+	b := &bufpool.Buffer{}
 	for name, ep := range map[string]*Endpoint{"nil": nil, "zero": {}} {
-		require.ErrorIs(t, ep.Close(), ErrInvalid, name)
-		require.ErrorIs(t, ep.CloseAndDrain(nil), ErrInvalid, name)
 		_, err := ep.Next(context.Background())
 		require.ErrorIs(t, err, ErrInvalid, name)
-		require.ErrorIs(t, ep.PostRecv(nil, nil), ErrInvalid, name)
-		require.ErrorIs(t, ep.PostBatch(nil), ErrInvalid, name)
+		for op, err := range map[string]error{
+			"PostSend":           ep.PostSend(nil, b, 0),
+			"PostSendImm":        ep.PostSendImm(nil, b, 0, 1),
+			"PostSendv":          ep.PostSendv(nil, nil),
+			"PostRecv":           ep.PostRecv(nil, b),
+			"PostRecvv":          ep.PostRecvv(nil, nil),
+			"PostWrite":          ep.PostWrite(nil, b, 0, bufpool.Remote{}),
+			"PostWriteImm":       ep.PostWriteImm(nil, b, 0, bufpool.Remote{}, 1),
+			"PostWritev":         ep.PostWritev(nil, nil, bufpool.Remote{}),
+			"PostRead":           ep.PostRead(nil, b, 0, bufpool.Remote{}),
+			"PostReadv":          ep.PostReadv(nil, nil, bufpool.Remote{}),
+			"PostCompareAndSwap": ep.PostCompareAndSwap(nil, b, bufpool.Remote{}, 0, 0),
+			"PostFetchAndAdd":    ep.PostFetchAndAdd(nil, b, bufpool.Remote{}, 0),
+			"PostBatch":          ep.PostBatch(nil),
+			"Err":                ep.Err(),
+			"Close":              ep.Close(),
+			"CloseAndDrain":      ep.CloseAndDrain(nil),
+		} {
+			require.ErrorIs(t, err, ErrInvalid, name+" "+op)
+		}
+		require.Nil(t, ep.PD(), name)
+		require.Nil(t, ep.LocalAddr(), name)
+		require.Nil(t, ep.RemoteAddr(), name)
+		require.Nil(t, ep.PrivateData(), name)
+		require.Zero(t, ep.MaxInline(), name)
+		require.Zero(t, ep.Stats(), name)
+		_, open := <-ep.Done()
+		require.False(t, open, name+": Done is closed")
+		_, open = <-ep.Completions()
+		require.False(t, open, name+": Completions is closed")
 	}
 	for name, s := range map[string]*SRQ{"nil": nil, "zero": {}} {
 		_, err := s.Destroy()
 		require.ErrorIs(t, err, ErrInvalid, name)
+		require.ErrorIs(t, s.PostRecv(nil, b), ErrInvalid, name)
+		require.Nil(t, s.PD(), name)
+		require.Zero(t, s.Pending(), name)
 	}
 }

@@ -66,10 +66,25 @@ func newSRQ(dev *verbs.Context, pd any, depth, maxSGE int) (any, error) {
 }
 
 // PD is the protection domain the SRQ's receive buffers must be registered in.
-func (s *SRQ) PD() *bufpool.PD { return s.pdv }
+func (s *SRQ) PD() *bufpool.PD {
+	if !s.made() {
+		return nil
+	}
+	return s.pdv
+}
+
+// made says whether s was made by cm.WithSharedReceiveQueue. A nil or
+// zero SRQ's calls fail with errSRQNotMade, its PD is nil and nothing is
+// pending on it, instead of panicking.
+func (s *SRQ) made() bool { return s != nil && s.srq != nil }
+
+var errSRQNotMade = fmt.Errorf("%w: an SRQ not made by cm.WithSharedReceiveQueue", ErrInvalid)
 
 // PostRecv posts b to receive one message on any endpoint of the SRQ.
 func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
+	if !s.made() {
+		return errSRQNotMade
+	}
 	if b == nil {
 		return fmt.Errorf("%w: recv without a buffer", ErrInvalid)
 	}
@@ -100,6 +115,9 @@ func (s *SRQ) PostRecv(wrContext any, b *bufpool.Buffer) error {
 
 // Pending is the number of posted receives not yet consumed.
 func (s *SRQ) Pending() int {
+	if !s.made() {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.slots.inUse()
@@ -134,8 +152,8 @@ func (s *SRQ) complete(idx uint32) (slot, bool) {
 // and the listener, first) and returns the receives never consumed, each
 // with ErrClosed, so their buffers can go back to their pool.
 func (s *SRQ) Destroy() ([]Completion, error) {
-	if s == nil || s.srq == nil {
-		return nil, fmt.Errorf("%w: an SRQ not made by cm.WithSharedReceiveQueue", ErrInvalid)
+	if !s.made() {
+		return nil, errSRQNotMade
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -51,6 +51,9 @@ func (s Stats) CompletionsPerEvent() float64 {
 // Stats is a snapshot of the endpoint's counters; safe to call at any
 // time, also after Close.
 func (ep *Endpoint) Stats() Stats {
+	if !ep.made() {
+		return Stats{}
+	}
 	ep.mu.Lock()
 	s := ep.stats
 	ep.mu.Unlock()

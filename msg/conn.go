@@ -59,8 +59,11 @@ type Message struct {
 }
 
 // Release gives the message's memory back; the peer gets the credit.
-// Idempotent.
+// Idempotent; a nil or zero Message has nothing to give back.
 func (m *Message) Release() {
+	if m == nil || m.c == nil {
+		return
+	}
 	if m.released.CompareAndSwap(false, true) {
 		m.c.release(m.mem)
 	}
@@ -404,7 +407,19 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 }
 
 // Addr is the listening address.
-func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+func (l *Listener) Addr() net.Addr {
+	if !l.made() {
+		return nil
+	}
+	return l.l.Addr()
+}
+
+// made says whether l was made by Listen. A nil or zero Listener's Accept
+// and Close fail with errListenerNotMade and its Addr is nil, instead of
+// panicking or waiting for ever.
+func (l *Listener) made() bool { return l != nil && l.l != nil }
+
+var errListenerNotMade = invalid("a Listener not made by Listen")
 
 // Close stops listening and closes the connections set up that Accept had
 // not taken, with a goodbye, so that their dialers read io.EOF; a blocked
@@ -414,8 +429,8 @@ func (l *Listener) Addr() net.Addr { return l.l.Addr() }
 // its dialer's Dial may have returned already. Accepted connections are
 // not affected. Idempotent.
 func (l *Listener) Close() error {
-	if l == nil || l.l == nil {
-		return invalid("a Listener not made by Listen")
+	if !l.made() {
+		return errListenerNotMade
 	}
 	l.closeOnce.Do(func() {
 		close(l.closed)
@@ -455,6 +470,9 @@ func (l *Listener) closeReady() {
 // Accept as an error matching endpoint.ErrInvalid.
 // After Close it returns an error matching net.ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	if !l.made() {
+		return nil, errListenerNotMade
+	}
 	select {
 	case <-l.closed:
 		return nil, cm.ErrListenerClosed
@@ -530,17 +548,43 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	return c, nil
 }
 
+// made says whether c was made by Dial or Accept. A nil or zero Conn is
+// one that ended before it began: its calls fail with errConnNotMade, Done
+// is closed, and its other accessors give zero values, instead of
+// panicking or waiting for ever.
+func (c *Conn) made() bool { return c != nil && c.ep != nil }
+
+var errConnNotMade = invalid("a Conn not made by Dial or Accept")
+
 // LocalAddr is this side's address of the connection.
-func (c *Conn) LocalAddr() net.Addr { return c.ep.LocalAddr() }
+func (c *Conn) LocalAddr() net.Addr {
+	if !c.made() {
+		return nil
+	}
+	return c.ep.LocalAddr()
+}
 
 // RemoteAddr is the peer's address.
-func (c *Conn) RemoteAddr() net.Addr { return c.ep.RemoteAddr() }
+func (c *Conn) RemoteAddr() net.Addr {
+	if !c.made() {
+		return nil
+	}
+	return c.ep.RemoteAddr()
+}
 
 // Done is closed when the connection has ended.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} {
+	if !c.made() {
+		return seam.Closed
+	}
+	return c.done
+}
 
 // Err says why the connection ended (nil while it is up).
 func (c *Conn) Err() error {
+	if !c.made() {
+		return errConnNotMade
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -548,7 +592,12 @@ func (c *Conn) Err() error {
 
 // MaxInline is the largest payload sent in one message; larger ones go by
 // rendezvous.
-func (c *Conn) MaxInline() int { return c.maxInline }
+func (c *Conn) MaxInline() int {
+	if !c.made() {
+		return 0
+	}
+	return c.maxInline
+}
 
 // signal wakes everything waiting on a change; c.mu is held. With no
 // waiter, the channel stays as it is: most changes (a credit, a send
@@ -641,8 +690,8 @@ func (c *Conn) fail(err error) {
 // sees an error instead. Idempotent: every call returns the first one's
 // result.
 func (c *Conn) Close() error {
-	if c == nil || c.ep == nil {
-		return invalid("a Conn not made by Dial or Accept")
+	if !c.made() {
+		return errConnNotMade
 	}
 	c.closeOnce.Do(func() {
 		c.sayGoodbye()
@@ -793,6 +842,9 @@ func (c *Conn) grant(released bool) {
 // end, whatever ctx does. A Send that fails with ctx's error sent nothing,
 // and the next Send's message comes after this one's.
 func (c *Conn) Send(ctx context.Context, payload []byte) error {
+	if !c.made() {
+		return errConnNotMade
+	}
 	return c.send(ctx, TypeData, 0, nil, payload)
 }
 
@@ -800,6 +852,9 @@ func (c *Conn) Send(ctx context.Context, payload []byte) error {
 // It returns io.EOF once the peer closed in order and every message it sent
 // was read.
 func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
+	if !c.made() {
+		return nil, errConnNotMade
+	}
 	r, err := c.recv(ctx) // no Message: the copy is all the caller keeps
 	if err != nil {
 		return nil, err
@@ -814,6 +869,9 @@ func (c *Conn) Recv(ctx context.Context) ([]byte, error) {
 // After the peer's CloseWrite, every message it sent before is returned,
 // then io.EOF, while the connection stays up for this side's sends.
 func (c *Conn) RecvMessage(ctx context.Context) (*Message, error) {
+	if !c.made() {
+		return nil, errConnNotMade
+	}
 	m := new(Message)
 	if err := c.recvInto(ctx, m); err != nil {
 		return nil, err
@@ -976,6 +1034,9 @@ func (c *Conn) taken(r arrival) (arrival, error) {
 // end of data leaves with the next one. Idempotent; after the connection
 // ended it returns the connection's error.
 func (c *Conn) CloseWrite() error {
+	if !c.made() {
+		return errConnNotMade
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
@@ -1262,6 +1323,9 @@ func checkRendezvousSize(size int) error {
 // starts as the offer arrives, or for the connection's end, whatever ctx
 // does. region stays the caller's: SendRegion never closes it.
 func (c *Conn) SendRegion(ctx context.Context, region *bufpool.Region, n int) error {
+	if !c.made() {
+		return errConnNotMade
+	}
 	return c.sendLent(ctx, TypeData, 0, nil, region, n)
 }
 

@@ -95,7 +95,8 @@ type Header struct {
 // the connection it arrived on (and only that one).
 var ErrMalformed = errors.New("msg: malformed message")
 
-// Encode writes h into b[:HeaderSize].
+// Encode writes h into b[:HeaderSize]. A b shorter than HeaderSize
+// panics, as encoding/binary's Put functions do.
 func (h *Header) Encode(b []byte) {
 	_ = b[HeaderSize-1]
 	b[0] = Version

@@ -93,23 +93,69 @@ func TestKeepaliveOutOfRangeIsRefused(t *testing.T) {
 	}
 }
 
-// A nil or zero Conn's, Listener's and Client's Close, and a zero
-// Server's Serve, fail with ErrInvalid instead of panicking.
+// A nil or zero Conn, Listener or Client is one that ended before it
+// began: its calls fail with ErrInvalid, a Conn's Done is closed, and the
+// accessors give zero values. Nothing panics or waits for ever. A Server
+// with no Handler refuses to Serve, and a nil Server and Mux refuse too.
 func TestNotMadeIsRefused(t *testing.T) {
+	ctx := context.Background()
+	remote := bufpool.Remote{Len: 8}
 	for name, c := range map[string]*Conn{"nil": nil, "zero": {}} {
-		require.ErrorIs(t, c.Close(), endpoint.ErrInvalid, "Conn "+name)
+		_, recvErr := c.Recv(ctx)
+		_, msgErr := c.RecvMessage(ctx)
+		_, casErr := c.CompareAndSwap(ctx, remote, 0, 1)
+		_, faaErr := c.FetchAndAdd(ctx, remote, 1)
+		for op, err := range map[string]error{
+			"Send":           c.Send(ctx, []byte("x")),
+			"SendRegion":     c.SendRegion(ctx, &bufpool.Region{}, 1),
+			"Recv":           recvErr,
+			"RecvMessage":    msgErr,
+			"WriteRemote":    c.WriteRemote(ctx, remote, []byte("x")),
+			"ReadRemote":     c.ReadRemote(ctx, remote, make([]byte, 1)),
+			"CompareAndSwap": casErr,
+			"FetchAndAdd":    faaErr,
+			"CloseWrite":     c.CloseWrite(),
+			"Err":            c.Err(),
+			"Close":          c.Close(),
+		} {
+			require.ErrorIs(t, err, endpoint.ErrInvalid, "Conn %s: %s", name, op)
+		}
+		require.Nil(t, c.LocalAddr(), name)
+		require.Nil(t, c.RemoteAddr(), name)
+		require.Nil(t, c.PD(), name)
+		require.Zero(t, c.MaxInline(), name)
+		require.Zero(t, c.Stats(), name)
+		_, open := <-c.Done()
+		require.False(t, open, "Conn %s: Done is closed", name)
 	}
 	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
+		_, err := l.Accept(ctx)
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "Listener "+name)
 		require.ErrorIs(t, l.Close(), endpoint.ErrInvalid, "Listener "+name)
+		require.Nil(t, l.Addr(), "Listener "+name)
 	}
 	for name, cl := range map[string]*Client{"nil": nil, "zero": {}, "on no Conn": NewClient(nil), "on a zero Conn": NewClient(&Conn{})} {
-		_, err := cl.Call(context.Background(), "m", nil)
+		_, err := cl.Call(ctx, "m", nil)
 		require.ErrorIs(t, err, endpoint.ErrInvalid, "Client "+name)
-		_, err = cl.CallRegion(context.Background(), "m", &bufpool.Region{}, 1)
+		_, err = cl.CallRegion(ctx, "m", &bufpool.Region{}, 1)
 		require.ErrorIs(t, err, endpoint.ErrInvalid, "Client "+name)
 		require.ErrorIs(t, cl.Close(), endpoint.ErrInvalid, "Client "+name)
+		require.Nil(t, cl.PD(), "Client "+name)
+		require.Nil(t, cl.LocalAddr(), "Client "+name)
+		require.Nil(t, cl.RemoteAddr(), "Client "+name)
+		require.Zero(t, cl.Stats(), "Client "+name)
 	}
 	for name, s := range map[string]*Server{"nil": nil, "zero": {}, "no handler": NewServer(nil)} {
-		require.ErrorIs(t, s.Serve(context.Background(), nil), endpoint.ErrInvalid, "Server "+name)
+		require.ErrorIs(t, s.Serve(ctx, nil), endpoint.ErrInvalid, "Server "+name)
+		require.Zero(t, s.Stats(), "Server "+name)
 	}
+	require.ErrorIs(t, (*Server)(nil).Shutdown(ctx), endpoint.ErrInvalid)
+	for _, m := range []*Message{nil, {}} {
+		m.Release() // nothing to give back, and no panic
+		m.Release()
+	}
+	var mux *Mux
+	require.ErrorIs(t, mux.Handle("m", func(context.Context, []byte) ([]byte, error) { return nil, nil }), endpoint.ErrInvalid)
+	_, err := mux.Serve(ctx, "m", nil)
+	require.ErrorIs(t, err, CodeUnimplemented)
 }

@@ -29,7 +29,12 @@ const maxOneSided = 8
 
 // PD is the connection's protection domain: register the regions the peer
 // may access on it (bufpool.NewRegion).
-func (c *Conn) PD() *bufpool.PD { return c.ep.PD() }
+func (c *Conn) PD() *bufpool.PD {
+	if !c.made() {
+		return nil
+	}
+	return c.ep.PD()
+}
 
 // WriteRemote writes p to the start of the peer's region remote (RDMA
 // WRITE) and returns once the write is complete. p is copied into
@@ -73,6 +78,9 @@ func (c *Conn) atomic(ctx context.Context, r endpoint.Request) (uint64, error) {
 // the post; once posted, the call waits for the device, which hands every
 // work request back (the connection's end flushes it).
 func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte) error {
+	if !c.made() {
+		return errConnNotMade
+	}
 	n := len(out) + len(in)
 	if n == 0 {
 		return fmt.Errorf("msg: a %v of 0 bytes: %w", r.Op, endpoint.ErrInvalid)

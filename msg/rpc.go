@@ -324,13 +324,28 @@ func (cl *Client) response(method string, m arrival) ([]byte, error) {
 
 // PD is the protection domain of the client's connection: register the
 // regions CallRegion lends in it.
-func (cl *Client) PD() *bufpool.PD { return cl.c.PD() }
+func (cl *Client) PD() *bufpool.PD {
+	if !cl.made() {
+		return nil
+	}
+	return cl.c.PD()
+}
 
 // LocalAddr is this side's address of the client's connection.
-func (cl *Client) LocalAddr() net.Addr { return cl.c.LocalAddr() }
+func (cl *Client) LocalAddr() net.Addr {
+	if !cl.made() {
+		return nil
+	}
+	return cl.c.LocalAddr()
+}
 
 // RemoteAddr is the server's address.
-func (cl *Client) RemoteAddr() net.Addr { return cl.c.RemoteAddr() }
+func (cl *Client) RemoteAddr() net.Addr {
+	if !cl.made() {
+		return nil
+	}
+	return cl.c.RemoteAddr()
+}
 
 // Close closes the connection; calls in flight return errors.
 func (cl *Client) Close() error {
@@ -649,8 +664,12 @@ func (s *Server) waitIdle(ctx context.Context) error {
 
 // Shutdown stops accepting, lets the calls in flight finish (until ctx
 // ends), then closes every connection. Calls arriving meanwhile are still
-// served. It returns ctx's error if calls were cut short.
+// served. It returns ctx's error if calls were cut short. A nil Server's
+// fails with an error matching endpoint.ErrInvalid.
 func (s *Server) Shutdown(ctx context.Context) error {
+	if s == nil {
+		return invalid("a nil Server")
+	}
 	s.mu.Lock()
 	s.shutdown = true
 	l := s.l

@@ -46,6 +46,9 @@ type Stats struct {
 // Stats is a snapshot of the connection's counters; safe to call at any
 // time, also after Close.
 func (c *Conn) Stats() Stats {
+	if !c.made() {
+		return Stats{}
+	}
 	c.mu.Lock()
 	s := c.stats
 	c.mu.Unlock()
@@ -63,6 +66,9 @@ type ClientStats struct {
 
 // Stats is a snapshot of the client's counters.
 func (cl *Client) Stats() ClientStats {
+	if !cl.made() {
+		return ClientStats{}
+	}
 	cl.mu.Lock()
 	s := ClientStats{Calls: cl.nextID, CallsInFlight: len(cl.pending)}
 	cl.mu.Unlock()
@@ -83,6 +89,9 @@ type ServerStats struct {
 
 // Stats is a snapshot of the server's counters.
 func (s *Server) Stats() ServerStats {
+	if s == nil {
+		return ServerStats{}
+	}
 	s.mu.Lock()
 	st := ServerStats{Calls: s.calls, Errors: s.errors, CallsInFlight: s.active}
 	conns := make([]*Conn, 0, len(s.conns))

@@ -105,15 +105,19 @@ type Mux struct {
 }
 
 // Handle registers f for method. An empty or over-long name (more than
-// 255 bytes), a nil f, or a method already registered is refused.
+// 255 bytes), a nil f, or a method already registered is refused with
+// an error matching endpoint.ErrInvalid.
 func (m *Mux) Handle(method string, f MethodFunc) error {
 	if len(method) == 0 || len(method) > 255 || f == nil {
-		return errorf("Mux.Handle: method %q (1 to 255 bytes) with a non-nil function", method)
+		return invalid("Mux.Handle: method %q (1 to 255 bytes) with a non-nil function", method)
+	}
+	if m == nil {
+		return invalid("Mux.Handle: a nil Mux (use new(Mux) or a zero one)")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, dup := m.methods[method]; dup {
-		return errorf("Mux.Handle: method %q is registered already", method)
+		return invalid("Mux.Handle: method %q is registered already", method)
 	}
 	if m.methods == nil {
 		m.methods = map[string]MethodFunc{}
@@ -124,9 +128,12 @@ func (m *Mux) Handle(method string, f MethodFunc) error {
 
 // Serve is the Mux as a Handler: it calls method's function.
 func (m *Mux) Serve(ctx context.Context, method string, req []byte) ([]byte, error) {
-	m.mu.RLock()
-	f := m.methods[method]
-	m.mu.RUnlock()
+	var f MethodFunc
+	if m != nil { // a nil Mux serves no method
+		m.mu.RLock()
+		f = m.methods[method]
+		m.mu.RUnlock()
+	}
 	if f == nil {
 		return nil, fmt.Errorf("no method %q: %w", method, CodeUnimplemented)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/endpoint"
 )
 
 // A handler's code survives the wire, and the caller matches it with
@@ -40,9 +42,9 @@ func TestErrorCodesCrossTheWire(t *testing.T) {
 func TestMuxRoutesByMethod(t *testing.T) {
 	var m Mux
 	require.NoError(t, m.Handle("echo", func(ctx context.Context, req []byte) ([]byte, error) { return req, nil }))
-	require.Error(t, m.Handle("echo", func(ctx context.Context, req []byte) ([]byte, error) { return nil, nil }), "twice")
-	require.Error(t, m.Handle("", func(ctx context.Context, req []byte) ([]byte, error) { return nil, nil }), "no name")
-	require.Error(t, m.Handle("nil", nil), "no function")
+	require.ErrorIs(t, m.Handle("echo", func(ctx context.Context, req []byte) ([]byte, error) { return nil, nil }), endpoint.ErrInvalid, "twice")
+	require.ErrorIs(t, m.Handle("", func(ctx context.Context, req []byte) ([]byte, error) { return nil, nil }), endpoint.ErrInvalid, "no name")
+	require.ErrorIs(t, m.Handle("nil", nil), endpoint.ErrInvalid, "no function")
 	resp, err := m.Serve(context.Background(), "echo", []byte("x"))
 	require.NoError(t, err)
 	require.Equal(t, "x", string(resp))

@@ -1,7 +1,8 @@
-// Package apicheck holds the test that keeps the public API free of the
-// module's internals: no exported name of a public package may mention a
-// type from an internal package, and its documentation (go doc -all) may
-// name none either.
+// Package apicheck holds the tests of promises the public API makes as a
+// whole. It is free of the module's internals: no exported name of a
+// public package may mention a type from an internal package, and its
+// documentation (go doc -all) may name none either. And no method of a
+// value no constructor made panics or waits for ever (notmade_test.go).
 package apicheck
 
 import (

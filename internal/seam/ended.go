@@ -19,3 +19,11 @@ type endedError struct{ err, closed error }
 
 func (e *endedError) Error() string   { return e.err.Error() }
 func (e *endedError) Unwrap() []error { return []error{e.err, e.closed} }
+
+// Closed is a closed channel: the Done of a connection value that was
+// never made (nil or zero), which ended before it began.
+var Closed = func() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
