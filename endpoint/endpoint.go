@@ -313,27 +313,30 @@ func (r *ring) dropNewest(n int) { r.count -= n }
 func init() {
 	seam.NewEndpoint = newEndpoint
 	seam.CheckLimits = func(dev *verbs.Context, cfg seam.EndpointConfig) error {
-		setDefaults(&cfg)
-		attr, err := dev.QueryDevice()
-		if err != nil {
-			return err
-		}
-		return checkLimits(cfg, attr)
+		_, err := fitDevice(dev, &cfg)
+		return err
 	}
+}
+
+// fitDevice fills in cfg's defaults and checks it against dev's limits,
+// whose attributes it returns.
+func fitDevice(dev *verbs.Context, cfg *seam.EndpointConfig) (verbs.DeviceAttr, error) {
+	setDefaults(cfg)
+	attr, err := dev.QueryDevice()
+	if err != nil {
+		return attr, err
+	}
+	return attr, checkLimits(*cfg, attr)
 }
 
 // newEndpoint is seam.NewEndpoint.
 func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) (any, *seam.Control, error) {
-	setDefaults(&cfg)
 	vctx := id.Context()
 	if vctx == nil {
 		return nil, nil, fmt.Errorf("endpoint: the id has no device (resolve the address first): %w", verbs.ErrNoDevice)
 	}
-	dev, err := vctx.QueryDevice()
+	dev, err := fitDevice(vctx, &cfg)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := checkLimits(cfg, dev); err != nil {
 		return nil, nil, err
 	}
 	ep := &Endpoint{cfg: cfg, mode: PollMode(cfg.Poll), id: id, dev: dev, onClose: onClose,
