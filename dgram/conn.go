@@ -256,8 +256,8 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	if dev.IWARP {
 		return nil, ErrNoIWARP
 	}
-	if o.sendDepth > dev.MaxQPWR || o.recvDepth > dev.MaxQPWR {
-		return nil, fmt.Errorf("%w: queue depths %d/%d exceed the device's %d", endpoint.ErrInvalid, o.sendDepth, o.recvDepth, dev.MaxQPWR)
+	if err := checkLimits(o, dev); err != nil {
+		return nil, err
 	}
 	c.port = c.id.PortNum()
 	if c.mtu, err = c.vctx.ActiveMTU(c.port); err != nil {
@@ -318,6 +318,25 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	}
 	c.events.start(c)
 	return c, nil
+}
+
+// checkLimits refuses, naming the option, queue depths the device cannot
+// hold, in its queues or in the CQ each queue has to itself (an entry per
+// request), rather than leave them to fail in ibv_create_cq or
+// rdma_create_qp as a bare EINVAL.
+func checkLimits(o options, dev verbs.DeviceAttr) error {
+	for _, q := range []struct {
+		depth int
+		opt   string
+	}{{o.sendDepth, "dgram.WithSendDepth"}, {o.recvDepth, "dgram.WithRecvDepth"}} {
+		switch {
+		case q.depth > dev.MaxQPWR:
+			return fmt.Errorf("%w: queue depth %d exceeds the device's %d (%s)", endpoint.ErrInvalid, q.depth, dev.MaxQPWR, q.opt)
+		case q.depth > dev.MaxCQE:
+			return fmt.Errorf("%w: a queue depth of %d needs a completion queue of as many entries; the device's hold at most %d (%s)", endpoint.ErrInvalid, q.depth, dev.MaxCQE, q.opt)
+		}
+	}
+	return nil
 }
 
 func (q *queue) open(vctx *verbs.Context, n int, name string) (err error) {

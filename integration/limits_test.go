@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -45,11 +46,10 @@ func dialInBackground(dial func() (io.Closer, error)) <-chan error {
 // TestOptionsBeyondTheDeviceAreRefused: a connection option the device
 // cannot hold fails with an error matching endpoint.ErrInvalid that names
 // the option: Dial; Listen on one device's address (but for the inline
-// size, which only a QP's creation tells); and Accept on a wildcard
-// listener, cm's and msg's, which rejects the dialer. Before, each failed
-// as a bare EINVAL from the device, Listen succeeded, and a listener's
-// Accept (cm's and msg's alike) took the failure for the dialer's: it
-// rejected every dialer and waited on. Nothing is left behind.
+// size, which only a QP's creation tells); Accept on a wildcard listener,
+// cm's and msg's, which rejects the dialer rather than wait on; and
+// dgram's Listen (on iWARP, refused for want of datagrams). Nothing is
+// left behind.
 func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -123,4 +123,21 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 		require.NoError(t, l.Close())
 	}
 	connect(t, ctx, cm.WithMaxSGE(dev.MaxSGE)) // the device's own limit passes
+
+	dgramCases := map[string]dgram.Option{
+		"dgram.WithSendDepth": dgram.WithSendDepth(dev.MaxQPWR + 1),
+		"dgram.WithRecvDepth": dgram.WithRecvDepth(dev.MaxQPWR + 1),
+	}
+	if dev.MaxCQE < dev.MaxQPWR {
+		dgramCases["completion queue"] = dgram.WithRecvDepth(dev.MaxCQE + 1)
+	}
+	for says, opt := range dgramCases {
+		_, err := dgram.Listen(ctx, net.JoinHostPort(host, "0"), opt)
+		if rxetest.IWARP() { // no datagram queue pairs: refused first
+			require.ErrorIs(t, err, dgram.ErrNoIWARP, says)
+			continue
+		}
+		require.ErrorIs(t, err, endpoint.ErrInvalid, says)
+		require.ErrorContains(t, err, says)
+	}
 }
