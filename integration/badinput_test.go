@@ -200,7 +200,7 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 			c, _ := l.Accept(ctx)
 			accepted <- c
 		}()
-		raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)))
+		raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
 		require.NoError(t, err)
 		srv := <-accepted
 		require.NotNil(t, srv)

@@ -233,3 +233,12 @@ func dialAccepted(t *testing.T, ctx context.Context, l *msg.Listener, addr strin
 	require.Equal(t, c.RemoteAddr().String(), s.LocalAddr().String(), "the accepted side's address is the dialed one")
 	return c, s
 }
+
+// msgHello is the private data with which a raw cm endpoint passes for a
+// msg peer of 6 receives of 4096 bytes.
+func msgHello(t *testing.T) cm.HandshakeOption {
+	t.Helper()
+	hello, err := msg.ConnectData(6, 4096)
+	require.NoError(t, err)
+	return cm.WithPrivateData(hello)
+}

@@ -1263,7 +1263,7 @@ func TestMalformedFrameEndsOnlyThatConnection(t *testing.T) {
 	require.NotNil(t, goodSrv)
 	defer goodSrv.Close()
 
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)))
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
 	require.NoError(t, err)
 	defer closeAndDrain(t, raw)
 	badSrv := <-accepted
@@ -1441,7 +1441,7 @@ func TestMsgCloseWriteHeldBehindRendezvous(t *testing.T) {
 	rxetest.CheckResources(t)
 	l, accepted := listenMsg(t, ctx, 1)
 	var rawRecvs *bufpool.Pool
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)),
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t),
 		receivesOnSetup(&rawRecvs, 4096, 4, 4)) // for the reader's credits and its done
 	require.NoError(t, err)
 	defer rawRecvs.Close()
@@ -1621,7 +1621,7 @@ func TestAcceptingSideWaitsForTheDialer(t *testing.T) {
 	rxetest.CheckResources(t)
 	l, accepted := listenMsg(t, ctx, 1)
 	var pool *bufpool.Pool
-	raw, err := cm.Dial(ctx, l.Addr().String(), cm.WithPrivateData(msg.ConnectData(6, 4096)),
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t),
 		receivesOnSetup(&pool, 4096, 5, 4))
 	require.NoError(t, err)
 	defer pool.Close()

@@ -58,7 +58,12 @@ func parseHello(b []byte) (hello, error) {
 
 // ConnectData is the private data a msg peer sends when it connects or
 // accepts, announcing recvDepth receives of bufSize bytes: for peers
-// written without this package.
-func ConnectData(recvDepth, bufSize int) []byte {
-	return hello{recvDepth: recvDepth, bufSize: bufSize}.encode()
+// written without this package. Values a msg peer would refuse, or that
+// the hello cannot carry, are refused with an error matching
+// endpoint.ErrInvalid, as WithRecvDepth and WithBufferSize refuse them.
+func ConnectData(recvDepth, bufSize int) ([]byte, error) {
+	if err := checkHello(recvDepth, bufSize); err != nil {
+		return nil, err
+	}
+	return hello{recvDepth: recvDepth, bufSize: bufSize}.encode(), nil
 }

@@ -38,6 +38,18 @@ type options struct {
 // Option configures Dial, Listen and Conn. A nil Option is ignored.
 type Option func(*options)
 
+// checkHello refuses a receive depth or a buffer size that a hello cannot
+// carry (32 bits each) or that a peer would refuse to hear.
+func checkHello(recvDepth, bufSize int) error {
+	if recvDepth < minRecvDepth || recvDepth > math.MaxUint32 {
+		return invalid("receive depth %d: at least %d, at most %d", recvDepth, minRecvDepth, uint32(math.MaxUint32))
+	}
+	if bufSize < HeaderSize+rendezvousInfoSize || bufSize > math.MaxUint32 {
+		return invalid("buffer size %d: at least %d, at most %d", bufSize, HeaderSize+rendezvousInfoSize, uint32(math.MaxUint32))
+	}
+	return nil
+}
+
 func newOptions(opts []Option) (options, error) {
 	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
 		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20}
@@ -46,8 +58,8 @@ func newOptions(opts []Option) (options, error) {
 			f(&o)
 		}
 	}
-	if o.recvDepth < minRecvDepth || o.recvDepth > math.MaxUint32 {
-		return o, invalid("receive depth %d: at least %d, at most %d", o.recvDepth, minRecvDepth, uint32(math.MaxUint32))
+	if err := checkHello(o.recvDepth, o.bufSize); err != nil {
+		return o, err
 	}
 	if o.keepalive < 0 || o.keepaliveTimeout < 0 {
 		return o, invalid("keepalive interval %v and timeout %v: 0 turns one off, neither may be negative", o.keepalive, o.keepaliveTimeout)
@@ -57,9 +69,6 @@ func newOptions(opts []Option) (options, error) {
 	}
 	if o.rvCache < 0 {
 		return o, invalid("rendezvous cache of %d bytes: at least 0", o.rvCache)
-	}
-	if o.bufSize < HeaderSize+rendezvousInfoSize || o.bufSize > math.MaxUint32 {
-		return o, invalid("buffer size %d: at least %d, at most %d", o.bufSize, HeaderSize+rendezvousInfoSize, uint32(math.MaxUint32))
 	}
 	cfg, rnrRetrySet, err := seam.ConnOptions(o.cmOpts)
 	if err != nil {

@@ -50,6 +50,22 @@ func TestOptionRefusalsMatchErrInvalid(t *testing.T) {
 	}
 }
 
+// ConnectData refuses what WithRecvDepth and WithBufferSize refuse:
+// values a msg peer would not hear, or that a hello's 32 bits would
+// truncate. What it accepts, a peer parses back as given.
+func TestConnectDataRefusesWhatAHelloCannotCarry(t *testing.T) {
+	for _, v := range [][2]int{{1, 4096}, {math.MaxUint32 + 1, 4096}, {32, 1}, {32, math.MaxUint32 + 1}, {-1, -1}} {
+		b, err := ConnectData(v[0], v[1])
+		require.ErrorIs(t, err, endpoint.ErrInvalid, "depth %d, buffer size %d", v[0], v[1])
+		require.Nil(t, b)
+	}
+	b, err := ConnectData(minRecvDepth, math.MaxUint32)
+	require.NoError(t, err)
+	h, err := parseHello(b)
+	require.NoError(t, err)
+	require.Equal(t, hello{recvDepth: minRecvDepth, bufSize: math.MaxUint32}, h)
+}
+
 func TestRendezvousCacheSize(t *testing.T) {
 	o, err := newOptions(nil)
 	require.NoError(t, err)
