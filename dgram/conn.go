@@ -222,13 +222,16 @@ func ipOf(a net.Addr) net.IP {
 // listen makes the Conn: the id bound to host:port, its device's PD, the
 // two CQs, the UD QP, the receive buffers posted, then rdma_listen and the
 // event goroutine.
-func listen(host, port string, o options) (c *Conn, err error) {
+//
+// Its result is unnamed: a failure returns nil for it before the deferred
+// undo runs, and the undo steps use the Conn.
+func listen(host, port string, o options) (_ *Conn, err error) {
 	ai, err := verbs.GetAddrInfo(host, port, true, verbs.PortSpaceUDP)
 	if err != nil {
 		return nil, err
 	}
 	defer ai.Free()
-	c = &Conn{log: o.logger}
+	c := &Conn{log: o.logger}
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -266,7 +269,11 @@ func listen(host, port string, o options) (c *Conn, err error) {
 	if c.ch, err = cmevent.New(); err != nil {
 		return nil, err
 	}
-	undo = append(undo, c.ch.Destroy)
+	// The id, once it may be on ch, goes before ch, as in Close:
+	// rdma_destroy_id tells the kernel through the id's channel, and
+	// fails without freeing librdmacm's hold on the device (and its PD)
+	// if that channel is gone.
+	undo[len(undo)-1] = func() { c.id.DestroyEP(); c.ch.Destroy() }
 	if err = c.id.Migrate(c.ch.EC); err != nil {
 		return nil, err
 	}

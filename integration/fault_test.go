@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -543,6 +544,29 @@ func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 	again := connect(t, ctx)
 	require.NoError(t, again.client.Err())
 	require.NoError(t, again.server.Err())
+}
+
+// TestInjectedDgramListenFailureUndoesItAll: a dgram Listen that fails
+// at its last step (rdma_listen, made to fail for IPv6 addresses) returns
+// the error and frees everything it made before, the PD and QP among them
+// (CheckResources). On iWARP, which has no datagrams, Listen refuses
+// before it makes anything.
+func TestInjectedDgramListenFailureUndoesItAll(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	dev6 := os.Getenv("RDMACM_TEST_ADDR6")
+	require.NotEmpty(t, dev6, "the testbed's IPv6 address")
+	verbs.FailIPv6Listens(syscall.EAFNOSUPPORT)
+	t.Cleanup(disarmDeviceFaults)
+	_, err := dgram.Listen(ctx, net.JoinHostPort(dev6, "0"))
+	if rxetest.IWARP() {
+		require.ErrorIs(t, err, dgram.ErrNoIWARP)
+		return
+	}
+	require.ErrorIs(t, err, syscall.EAFNOSUPPORT)
+	c, err := dgram.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0")) // IPv4 still listens
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
 }
 
 // TestInjectedNoIPv6ListensOnIPv4Alone: where the kernel has no IPv6,
