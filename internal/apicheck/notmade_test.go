@@ -1,18 +1,15 @@
 package apicheck
 
 import (
-	"context"
-	"fmt"
 	"go/types"
 	"reflect"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/callall"
 	"github.com/go-rdma/rdmacm/msg"
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
@@ -64,11 +61,9 @@ var shortBufferPanics = map[string]bool{"msg.Header.Encode": true}
 
 // TestNotMadeValuesNeitherPanicNorHang calls every exported method of
 // every value in notMade, with zero arguments (and a live context), and
-// fails on a panic or a call still running after a while: a value never
-// made must fail with an error or give zero values, as net's conns do.
-// Methods on a value receiver are called on the zero value only: Go
-// itself panics calling one through a nil pointer.
-// It fails too when a public package has a struct type with pointer
+// fails on a panic or a call still running after a while (callall): a
+// value never made must fail with an error or give zero values, as net's
+// conns do. It fails too when a public package has a struct type with pointer
 // methods that notMade lacks, so that a new type is checked as well.
 func TestNotMadeValuesNeitherPanicNorHang(t *testing.T) {
 	listed := map[string]bool{}
@@ -91,57 +86,12 @@ func TestNotMadeValuesNeitherPanicNorHang(t *testing.T) {
 			}
 		}
 	}
-	ctxType := reflect.TypeFor[context.Context]()
 	for _, v := range notMade {
-		rv := reflect.ValueOf(v)
-		which := "zero"
-		if rv.IsNil() {
-			which = "nil"
+		skip := func(method string) bool {
+			return shortBufferPanics[reflect.TypeOf(v).Elem().String()+"."+method]
 		}
-		elem := rv.Type().Elem()
-		for i := range rv.NumMethod() {
-			m := rv.Type().Method(i)
-			_, valueMethod := elem.MethodByName(m.Name)
-			if valueMethod && which == "nil" || shortBufferPanics[elem.String()+"."+m.Name] {
-				continue
-			}
-			args := make([]reflect.Value, m.Type.NumIn()-1)
-			for j := range args {
-				if at := m.Type.In(j + 1); at == ctxType {
-					args[j] = reflect.ValueOf(context.Background())
-				} else {
-					args[j] = reflect.Zero(at)
-				}
-			}
-			call := fmt.Sprintf("%s %T.%s", which, v, m.Name)
-			if msg := callBriefly(rv.Method(i), args, m.Type.IsVariadic()); msg != "" {
-				t.Errorf("%s: %s", call, msg)
-			}
+		for _, problem := range callall.Every(v, skip) {
+			t.Error(problem)
 		}
-	}
-}
-
-// callBriefly calls f with args and says how it went wrong: a panic, or
-// no return within two seconds ("" if it returned).
-func callBriefly(f reflect.Value, args []reflect.Value, variadic bool) string {
-	done := make(chan string, 1)
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				done <- fmt.Sprintf("panicked: %v", r)
-			}
-		}()
-		if variadic {
-			f.CallSlice(args)
-		} else {
-			f.Call(args)
-		}
-		done <- ""
-	}()
-	select {
-	case msg := <-done:
-		return strings.TrimSpace(msg)
-	case <-time.After(2 * time.Second):
-		return "still running after 2s"
 	}
 }
