@@ -7,6 +7,11 @@
 // reads and writes it while Go code runs, and the Go garbage collector must
 // neither move nor free it. A buffer handed to an endpoint's Post* belongs to
 // the device until that post's completion comes back.
+//
+// An argument out of range, and a value this package did not make (a nil
+// or zero PD, Pool, Region or Buffer), are refused with an error matching
+// syscall.EINVAL: bufpool lies below package endpoint, whose ErrInvalid
+// the other packages use.
 package bufpool
 
 import (
@@ -147,7 +152,7 @@ func init() {
 // acquire takes a reference on p's domain for a new pool or region.
 func (p *PD) acquire() error {
 	if p == nil || p.d == nil {
-		return fmt.Errorf("bufpool: nil protection domain (take one from an endpoint's PD method, or OpenPD)")
+		return fmt.Errorf("bufpool: nil protection domain (take one from an endpoint's PD method, or OpenPD): %w", syscall.EINVAL)
 	}
 	if p.closed.Load() {
 		return fmt.Errorf("%w: the protection domain was closed", ErrClosed)
@@ -269,7 +274,7 @@ func New(pd *PD, opts ...Option) (*Pool, error) {
 		}
 	}
 	if o.size <= 0 || o.count <= 0 || o.size > math.MaxInt32/o.count {
-		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive, and their product below 2 GiB", o.size, o.count)
+		return nil, fmt.Errorf("bufpool: size %d and count %d must both be positive, and their product below 2 GiB: %w", o.size, o.count, syscall.EINVAL)
 	}
 	if err := pd.acquire(); err != nil {
 		return nil, err

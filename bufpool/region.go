@@ -48,7 +48,7 @@ func (r Remote) MarshalBinary() ([]byte, error) { return r.AppendBinary(make([]b
 // UnmarshalBinary decodes a descriptor; b must be exactly RemoteSize bytes.
 func (r *Remote) UnmarshalBinary(b []byte) error {
 	if len(b) != RemoteSize {
-		return fmt.Errorf("bufpool: a Remote is %d bytes, got %d", RemoteSize, len(b))
+		return fmt.Errorf("bufpool: a Remote is %d bytes, got %d: %w", RemoteSize, len(b), syscall.EINVAL)
 	}
 	r.Addr = binary.LittleEndian.Uint64(b)
 	r.RKey = binary.LittleEndian.Uint32(b[8:])
@@ -79,10 +79,10 @@ type Region struct {
 // RemoteRead alone is rdma_reg_read, RemoteWrite alone rdma_reg_write.
 func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 	if size <= 0 {
-		return nil, fmt.Errorf("bufpool: region size %d must be positive", size)
+		return nil, fmt.Errorf("bufpool: region size %d must be positive: %w", size, syscall.EINVAL)
 	}
 	if access&^(RemoteRead|RemoteWrite|RemoteAtomic) != 0 {
-		return nil, fmt.Errorf("bufpool: unknown access bits %#x", int(access&^(RemoteRead|RemoteWrite|RemoteAtomic)))
+		return nil, fmt.Errorf("bufpool: unknown access bits %#x: %w", int(access&^(RemoteRead|RemoteWrite|RemoteAtomic)), syscall.EINVAL)
 	}
 	if err := pd.acquire(); err != nil {
 		return nil, err

@@ -60,6 +60,7 @@ func TestNilOptionIsIgnored(t *testing.T) {
 // A nil or zero PD, Pool or Region holds no memory: its calls fail with
 // EINVAL and its accessors give zero values, without a panic or, for a
 // Pool's Get, a wait for ever. A nil Buffer is empty and names no segment.
+// Arguments out of range are refused with EINVAL too.
 func TestNotMadeIsRefused(t *testing.T) {
 	for name, p := range map[string]*Pool{"nil": nil, "zero": {}} {
 		_, err := p.Get(context.Background())
@@ -89,6 +90,18 @@ func TestNotMadeIsRefused(t *testing.T) {
 			t.Errorf("Region %s: buffer %v, bytes %v, remote %+v, access %v, want none", name, r.Buffer(), r.Bytes(), r.Remote(), r.Access())
 		}
 	}
+	for name, err := range map[string]error{
+		"a pool on no PD":          second(New(nil, Size(64), Count(1))),
+		"a pool of no buffers":     second(New(&PD{}, Size(64), Count(0))),
+		"a region on no PD":        second(NewRegion(nil, 64, RemoteRead)),
+		"an empty region":          second(NewRegion(&PD{}, 0, RemoteRead)),
+		"unknown access":           second(NewRegion(&PD{}, 64, 1<<7)),
+		"a Remote of wrong length": new(Remote).UnmarshalBinary([]byte{1}),
+	} {
+		if !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("%s: %v, want EINVAL", name, err)
+		}
+	}
 	var b *Buffer
 	if _, err := b.Segment(0, 0); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("nil Buffer: Segment gave %v, want EINVAL", err)
@@ -100,3 +113,6 @@ func TestNotMadeIsRefused(t *testing.T) {
 		t.Errorf("nil Buffer: bytes %v, length %d, want none", b.Bytes(), b.Len())
 	}
 }
+
+// second is the error of a call that returns a value and an error.
+func second[T any](_ T, err error) error { return err }
