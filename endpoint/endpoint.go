@@ -591,7 +591,7 @@ func (ep *Endpoint) Done() <-chan struct{} {
 // net.ErrClosed.
 func (ep *Endpoint) Err() error {
 	if !ep.made() {
-		return errNotMade
+		return errNeverMade
 	}
 	if p := ep.doneErr.Load(); p != nil {
 		return *p
@@ -690,6 +690,10 @@ func (ep *Endpoint) Close() error {
 func (ep *Endpoint) made() bool { return ep != nil && ep.done != nil }
 
 var errNotMade = fmt.Errorf("%w: an Endpoint not made by cm's Dial or Accept", ErrInvalid)
+
+// errNeverMade is an unmade Endpoint's Err: like every ended endpoint's,
+// it matches ErrClosed.
+var errNeverMade = seam.Ended(errNotMade, ErrClosed)
 
 // noCompletions is an unmade Endpoint's Completions: closed, as an ended
 // endpoint's is once drained.

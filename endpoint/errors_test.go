@@ -119,6 +119,7 @@ func TestEndpointNotMadeIsRefused(t *testing.T) {
 		} {
 			require.ErrorIs(t, err, ErrInvalid, name+" "+op)
 		}
+		require.ErrorIs(t, ep.Err(), ErrClosed, name+": it ended before it began")
 		require.Nil(t, ep.PD(), name)
 		require.Nil(t, ep.LocalAddr(), name)
 		require.Nil(t, ep.RemoteAddr(), name)

@@ -556,6 +556,10 @@ func (c *Conn) made() bool { return c != nil && c.ep != nil }
 
 var errConnNotMade = invalid("a Conn not made by Dial or Accept")
 
+// errConnNeverMade is an unmade Conn's Err: like every ended
+// connection's, it matches ErrClosed.
+var errConnNeverMade = seam.Ended(errConnNotMade, ErrClosed)
+
 // LocalAddr is this side's address of the connection.
 func (c *Conn) LocalAddr() net.Addr {
 	if !c.made() {
@@ -583,7 +587,7 @@ func (c *Conn) Done() <-chan struct{} {
 // Err says why the connection ended (nil while it is up).
 func (c *Conn) Err() error {
 	if !c.made() {
-		return errConnNotMade
+		return errConnNeverMade
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -136,6 +136,7 @@ func TestNotMadeIsRefused(t *testing.T) {
 		} {
 			require.ErrorIs(t, err, endpoint.ErrInvalid, "Conn %s: %s", name, op)
 		}
+		require.ErrorIs(t, c.Err(), ErrClosed, "Conn %s: it ended before it began", name)
 		require.Nil(t, c.LocalAddr(), name)
 		require.Nil(t, c.RemoteAddr(), name)
 		require.Nil(t, c.PD(), name)
