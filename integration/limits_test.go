@@ -3,6 +3,7 @@ package integration
 import (
 	"io"
 	"net"
+	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,6 +14,7 @@ import (
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 	"github.com/go-rdma/rdmacm/msg"
+	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
 // deviceAttr is what the device behind host says it holds.
@@ -140,4 +142,35 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 		require.ErrorIs(t, err, endpoint.ErrInvalid, says)
 		require.ErrorContains(t, err, says)
 	}
+}
+
+// TestHTTPServeEndsOnOptionsBeyondTheDevice: net/http's Server retries an
+// Accept error only if it is temporary. rdmanet's wildcard listener with
+// options its device cannot hold fails Accept, once a dialer comes, with
+// an error matching endpoint.ErrInvalid that is not temporary, so Serve
+// returns it rather than retrying for ever; the dialer is refused.
+func TestHTTPServeEndsOnOptionsBeyondTheDevice(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	dev := deviceAttr(t, host)
+	l, err := rdmanet.Listen(ctx, ":0", rdmanet.WithMsgOptions(msg.WithRecvDepth(dev.MaxQPWR+1)))
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	go func() { served <- srv.Serve(l) }()
+	_, lport, err := net.SplitHostPort(l.Addr().String())
+	require.NoError(t, err)
+	dialed := dialInBackground(func() (io.Closer, error) { return rdmanet.Dial(ctx, net.JoinHostPort(host, lport)) })
+	select {
+	case err := <-served:
+		require.ErrorIs(t, err, endpoint.ErrInvalid)
+		var ne net.Error
+		require.ErrorAs(t, err, &ne)
+		require.False(t, ne.Timeout())
+	case <-ctx.Done():
+		t.Fatal("Serve still running: it took the refusal for a temporary error")
+	}
+	require.Error(t, <-dialed, "the dialer is refused")
+	require.NoError(t, srv.Close())
 }
