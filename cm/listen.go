@@ -54,10 +54,11 @@ type passiveID struct {
 // A loopback address (127.0.0.1, ::1, localhost) is refused with an error
 // matching syscall.EADDRNOTAVAIL: no RDMA device has one, and rdma_cm
 // would take it for a wildcard on RoCE and InfiniBand, where peers
-// anywhere could connect, and keep it on iWARP, where none could. On one
-// device's address, options no connection on it could hold are refused
-// with an error matching endpoint.ErrInvalid (on a wildcard, Accept
-// refuses them).
+// anywhere could connect, and keep it on iWARP, where none could. Options
+// no connection could hold are refused with an error matching
+// endpoint.ErrInvalid: on one device's address, what that device cannot
+// hold; on a wildcard, what none of the host's devices can (Accept
+// refuses what only the device a request arrives on cannot).
 func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -124,21 +125,42 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 		l.srq = srq.(*endpoint.SRQ)
 		l.o.conn.ep.SRQ = l.srq
 	}
-	// Bound to one device, the listener can tell now what no connection
-	// on it could hold; on a wildcard, Accept tells.
-	if dev := l.ids[0].id.Context(); dev != nil {
-		if err := seam.CheckLimits(dev, l.o.conn.ep); err != nil {
-			if l.srq != nil {
-				l.srq.Destroy() // nothing was posted to it yet
-			}
-			return fail(err)
+	// What no connection could hold is refused now: bound to one device,
+	// what that device cannot hold; on a wildcard, what none of the
+	// devices can. Accept refuses what only the device a request comes on
+	// cannot.
+	devs := []*verbs.Context{l.ids[0].id.Context()}
+	if devs[0] == nil {
+		devs = verbs.Devices()
+	}
+	if err := fitsSomeDevice(devs, l.o.conn.ep); err != nil {
+		if l.srq != nil {
+			l.srq.Destroy() // nothing was posted to it yet
 		}
+		return fail(err)
 	}
 	for _, p := range l.ids {
 		l.loops.Add(1)
 		go l.run(p.q)
 	}
 	return l, nil
+}
+
+// fitsSomeDevice returns nil if one of devs (or none being known) could
+// hold connections made with cfg, and otherwise the first device's
+// refusal, which names the option.
+func fitsSomeDevice(devs []*verbs.Context, cfg seam.EndpointConfig) error {
+	var first error
+	for _, dev := range devs {
+		err := seam.CheckLimits(dev, cfg)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // bindPassive binds the ids a listener on host and port needs: one, or,

@@ -47,16 +47,18 @@ func dialInBackground(dial func() (io.Closer, error)) <-chan error {
 
 // TestOptionsBeyondTheDeviceAreRefused: a connection option the device
 // cannot hold fails with an error matching endpoint.ErrInvalid that names
-// the option: Dial; Listen on one device's address (but for the inline
-// size, which only a QP's creation tells); Accept on a wildcard listener,
-// cm's and msg's, which rejects the dialer rather than wait on; and
-// dgram's Listen (on iWARP, refused for want of datagrams). Nothing is
-// left behind.
+// the option: Dial; Listen, cm's and msg's, on the device's address and on
+// a wildcard (the testbed's one device can hold none of them); for the
+// inline size, which only a QP's creation tells, Accept on either
+// listener, which rejects the dialer rather than wait on; and dgram's
+// Listen (on iWARP, refused for want of datagrams). Nothing is left
+// behind.
 func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	host := rxetest.Addr(t)
 	dev := deviceAttr(t, host)
+	require.Len(t, verbs.Devices(), 1, "the testbed's one device")
 	t.Logf("device: %d requests a queue, %d entries a CQ, %d SGEs, %d requests a shared receive queue", dev.MaxQPWR, dev.MaxCQE, dev.MaxSGE, dev.MaxSRQWR)
 	type limitCase struct {
 		name        string
@@ -81,22 +83,24 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 		require.ErrorIs(t, err, endpoint.ErrInvalid, tc.name)
 		require.ErrorContains(t, err, tc.says, tc.name)
 
-		l, err := cm.Listen(ctx, net.JoinHostPort(host, "0"), tc.opt)
-		if !tc.onlyACreate {
-			require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen", tc.name)
+		for _, at := range []string{host, ""} {
+			l, err := cm.Listen(ctx, net.JoinHostPort(at, "0"), tc.opt)
+			if !tc.onlyACreate {
+				require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen on %q", tc.name, at)
+				require.ErrorContains(t, err, tc.says, tc.name)
+				continue
+			}
+			require.NoError(t, err, tc.name)
+			_, lport, err := net.SplitHostPort(l.Addr().String())
+			require.NoError(t, err)
+			dialed := dialInBackground(func() (io.Closer, error) { return cm.Dial(ctx, net.JoinHostPort(host, lport)) })
+			_, err = l.Accept(ctx)
+			require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Accept on %q", tc.name, at)
 			require.ErrorContains(t, err, tc.says, tc.name)
-			l, err = cm.Listen(ctx, ":0", tc.opt)
+			var reject *cm.RejectError
+			require.ErrorAs(t, <-dialed, &reject, "%s: the dialer is rejected", tc.name)
+			require.NoError(t, l.Close())
 		}
-		require.NoError(t, err, tc.name)
-		_, lport, err := net.SplitHostPort(l.Addr().String())
-		require.NoError(t, err)
-		dialed := dialInBackground(func() (io.Closer, error) { return cm.Dial(ctx, net.JoinHostPort(host, lport)) })
-		_, err = l.Accept(ctx)
-		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Accept", tc.name)
-		require.ErrorContains(t, err, tc.says, tc.name)
-		var reject *cm.RejectError
-		require.ErrorAs(t, <-dialed, &reject, "%s: the dialer is rejected", tc.name)
-		require.NoError(t, l.Close())
 	}
 
 	_, err = cm.Listen(ctx, net.JoinHostPort(host, "0"), cm.WithSharedReceiveQueue(dev.MaxSRQWR+1))
@@ -112,18 +116,20 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 		"msg receive depth": msg.WithRecvDepth(dev.MaxQPWR + 1),
 		"msg SGEs":          msg.WithCMOptions(cm.WithMaxSGE(dev.MaxSGE + 1)),
 	} {
-		_, err := msg.Listen(ctx, net.JoinHostPort(host, "0"), opt)
-		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen", name)
-		l, err := msg.Listen(ctx, ":0", opt)
-		require.NoError(t, err, name)
-		_, lport, err := net.SplitHostPort(l.Addr().String())
-		require.NoError(t, err)
-		dialed := dialInBackground(func() (io.Closer, error) { return msg.Dial(ctx, net.JoinHostPort(host, lport)) })
-		_, err = l.Accept(ctx)
-		require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Accept", name)
-		require.Error(t, <-dialed, "%s: the dialer is refused", name)
-		require.NoError(t, l.Close())
+		for _, at := range []string{host, ""} {
+			_, err := msg.Listen(ctx, net.JoinHostPort(at, "0"), opt)
+			require.ErrorIs(t, err, endpoint.ErrInvalid, "%s: Listen on %q", name, at)
+		}
 	}
+	l, err := msg.Listen(ctx, ":0", msg.WithCMOptions(cm.WithInline(1<<20)))
+	require.NoError(t, err)
+	_, lport, err := net.SplitHostPort(l.Addr().String())
+	require.NoError(t, err)
+	dialed := dialInBackground(func() (io.Closer, error) { return msg.Dial(ctx, net.JoinHostPort(host, lport)) })
+	_, err = l.Accept(ctx)
+	require.ErrorIs(t, err, endpoint.ErrInvalid, "msg inline: Accept")
+	require.Error(t, <-dialed, "msg inline: the dialer is refused")
+	require.NoError(t, l.Close())
 	connect(t, ctx, cm.WithMaxSGE(dev.MaxSGE)) // the device's own limit passes
 
 	dgramCases := map[string]dgram.Option{
@@ -146,15 +152,15 @@ func TestOptionsBeyondTheDeviceAreRefused(t *testing.T) {
 
 // TestHTTPServeEndsOnOptionsBeyondTheDevice: net/http's Server retries an
 // Accept error only if it is temporary. rdmanet's wildcard listener with
-// options its device cannot hold fails Accept, once a dialer comes, with
-// an error matching endpoint.ErrInvalid that is not temporary, so Serve
-// returns it rather than retrying for ever; the dialer is refused.
+// an inline size its device cannot hold (which only Accept can tell)
+// fails Accept, once a dialer comes, with an error matching
+// endpoint.ErrInvalid that is not temporary, so Serve returns it rather
+// than retrying for ever; the dialer is refused.
 func TestHTTPServeEndsOnOptionsBeyondTheDevice(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	host := rxetest.Addr(t)
-	dev := deviceAttr(t, host)
-	l, err := rdmanet.Listen(ctx, ":0", rdmanet.WithMsgOptions(msg.WithRecvDepth(dev.MaxQPWR+1)))
+	l, err := rdmanet.Listen(ctx, ":0", rdmanet.WithMsgOptions(msg.WithCMOptions(cm.WithInline(1<<20))))
 	require.NoError(t, err)
 	served := make(chan error, 1)
 	srv := &http.Server{Handler: http.NotFoundHandler()}

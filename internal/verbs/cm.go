@@ -419,6 +419,22 @@ func (id *CMID) Context() *Context {
 	return &Context{p: id.p.verbs}
 }
 
+// Devices are the RDMA devices librdmacm found (rdma_get_devices), whose
+// contexts librdmacm opens and keeps open for the life of the process.
+func Devices() []*Context {
+	var n C.int
+	list := C.rdma_get_devices(&n)
+	if list == nil {
+		return nil
+	}
+	defer C.rdma_free_devices(list)
+	devs := make([]*Context, 0, int(n))
+	for _, p := range unsafe.Slice(list, int(n)) {
+		devs = append(devs, &Context{p: p})
+	}
+	return devs
+}
+
 // LocalAddr and RemoteAddr are the id's bound and peer addresses.
 func (id *CMID) LocalAddr() net.Addr {
 	return sockaddrToAddr(C.rdma_get_local_addr(id.p))
