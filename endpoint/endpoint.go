@@ -697,11 +697,7 @@ var errNeverMade = seam.Ended(errNotMade, ErrClosed)
 
 // noCompletions is an unmade Endpoint's Completions: closed, as an ended
 // endpoint's is once drained.
-var noCompletions = func() chan Completion {
-	c := make(chan Completion)
-	close(c)
-	return c
-}()
+var noCompletions = seam.ClosedChan[Completion]()
 
 // closeWith is Close, which reports cause (it matches ErrClosed) as why
 // the endpoint ended and in every error the close causes: package msg

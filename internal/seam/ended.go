@@ -22,8 +22,12 @@ func (e *endedError) Unwrap() []error { return []error{e.err, e.closed} }
 
 // Closed is a closed channel: the Done of a connection value that was
 // never made (nil or zero), which ended before it began.
-var Closed = func() <-chan struct{} {
-	c := make(chan struct{})
+var Closed <-chan struct{} = ClosedChan[struct{}]()
+
+// ClosedChan is a closed channel of T: what a value that ended before it
+// began hands out for a channel its callers read until it is closed.
+func ClosedChan[T any]() chan T {
+	c := make(chan T)
 	close(c)
 	return c
-}()
+}
