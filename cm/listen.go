@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
+	"github.com/rs/zerolog"
 )
 
 // ErrListenerClosed is returned by Accept after Close. It matches net.ErrClosed.
@@ -277,8 +279,12 @@ func (l *Listener) Addr() net.Addr {
 // Request is a connect request waiting to be accepted or rejected. Exactly
 // one of Accept and Reject must be called; a second call, or a call on a
 // nil or zero Request, fails with an error matching endpoint.ErrInvalid.
+// A Request dropped without either is rejected once the garbage collector
+// finds it unreachable, as an os.File dropped open is closed, so that its
+// id is freed; until then its dialer waits.
 type Request struct {
-	answered    atomic.Bool // Accept or Reject was called
+	answered    atomic.Bool     // Accept or Reject was called
+	unanswered  runtime.Cleanup // rejects a Request dropped unanswered
 	id          *verbs.CMID
 	q           *cmevent.Queue
 	o           connOptions // the listener's
@@ -324,7 +330,27 @@ func (r *Request) answer() error {
 	if r.answered.Swap(true) {
 		return fmt.Errorf("%w: the Request was accepted or rejected already", endpoint.ErrInvalid)
 	}
+	r.unanswered.Stop()
 	return nil
+}
+
+// droppedRequest is what rejecting a Request dropped unanswered needs:
+// its id and queue, and nothing that keeps the Request itself reachable.
+type droppedRequest struct {
+	id  *verbs.CMID
+	q   *cmevent.Queue
+	log zerolog.Logger
+}
+
+// rejectDropped rejects a Request the garbage collector found unanswered
+// and frees its id (Request's contract). It runs on the runtime's cleanup
+// goroutine, so it only logs what fails.
+func rejectDropped(d droppedRequest) {
+	d.log.Warn().Stringer("remote", d.id.RemoteAddr()).Msg("listener: a Request was dropped without Accept or Reject; rejecting it")
+	r := Request{id: d.id, q: d.q}
+	if err := r.reject(nil); err != nil {
+		d.log.Error().Err(err).Msg("listener: rejecting a dropped Request")
+	}
 }
 
 // run takes the events of one of the listener's ids. Each connect
@@ -358,6 +384,8 @@ func (l *Listener) run(q *cmevent.Queue) {
 		req := &Request{id: ev.ID, q: ev.Queue, o: l.o.conn, privateData: ev.PrivateData,
 			respRes: ev.InitiatorDepth, initDepth: ev.ResponderResources,
 			remoteAddr: ev.ID.RemoteAddr(), localAddr: ev.ID.LocalAddr()}
+		req.unanswered = runtime.AddCleanup(req, rejectDropped,
+			droppedRequest{id: ev.ID, q: ev.Queue, log: l.o.conn.logger})
 		ev.Ack()
 		select {
 		case l.reqs <- req:

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -672,6 +673,70 @@ func TestRequestIsAnsweredOnce(t *testing.T) {
 	defer closeAndDrain(t, client)
 	defer closeAndDrain(t, a.ep)
 	require.NoError(t, echoOnce(t, ctx, p), "the accepted connection still carries messages")
+}
+
+// TestDroppedRequestIsRejected: a Request dropped without an answer is
+// rejected once the garbage collector finds it, so its dialer hears a
+// refusal instead of waiting for its timeout, and its id is freed
+// (CheckResources). A Request dropped after Accept leaves its connection
+// as it was.
+func TestDroppedRequestIsRejected(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	dialed := make(chan error, 1)
+	go func() {
+		ep, err := cm.Dial(ctx, l.Addr().String())
+		if err == nil {
+			ep.Close()
+		}
+		dialed <- err
+	}()
+	require.NoError(t, takeRequestAndDrop(ctx, l))
+	var dialErr error
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		select {
+		case dialErr = <-dialed:
+			return true
+		default:
+			return false
+		}
+	}, 30*time.Second, 20*time.Millisecond, "the dialer of a dropped Request was never answered")
+	require.ErrorIs(t, dialErr, syscall.ECONNREFUSED, "the dropped request's dialer was rejected")
+
+	accepted := make(chan *endpoint.Endpoint, 1)
+	go func() {
+		req, err := l.AcceptRequest(ctx)
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		ep, _ := req.Accept(ctx) // and req is dropped here
+		accepted <- ep
+	}()
+	client, err := cm.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer closeAndDrain(t, client)
+	server := <-accepted
+	require.NotNil(t, server)
+	defer closeAndDrain(t, server)
+	for range 3 {
+		runtime.GC()
+	}
+	p := &pair{client: client, server: server, listener: l}
+	require.NoError(t, echoOnce(t, ctx, p), "a connection outlives its Request")
+}
+
+// takeRequestAndDrop takes a connect request and answers nothing. It is a
+// function of its own so that no frame of the test holds the Request.
+//
+//go:noinline
+func takeRequestAndDrop(ctx context.Context, l *cm.Listener) error {
+	_, err := l.AcceptRequest(ctx)
+	return err
 }
 
 func TestPrivateDataBothWays(t *testing.T) {
