@@ -235,7 +235,11 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 			c.stats.discarded.Add(1)
 			continue
 		}
-		c.paths.learn(keyOf(src), c.tx.done.Load(), func() (*verbs.AH, error) {
+		k := keyOf(src)
+		if c.paths.full(k) {
+			c.reclaimSends()
+		}
+		c.paths.learn(k, c.tx.done.Load(), func() (*verbs.AH, error) {
 			return c.pd.PD().AHFromWC(c.port, wc, unsafe.Pointer(&buf[0]))
 		})
 		payload := buf[verbs.GRHSize:wc.ByteLen]
@@ -439,6 +443,17 @@ func (c *Conn) countSent(ms []Message) {
 	c.stats.posts.Add(1)
 	c.stats.datagramsSent.Add(uint64(len(ms)))
 	c.stats.bytesSent.Add(bytes)
+}
+
+// reclaimSends takes the sends that completed, unless a writer is busy
+// (who will), so that the peer cache can evict a path whose last send has
+// completed: writers take them only when they run short of slots. A
+// failure is left for the next writer to find. recvMu is held.
+func (c *Conn) reclaimSends() {
+	if c.sendMu.TryLock() {
+		c.tx.reclaim(c.send.cq)
+		c.sendMu.Unlock()
+	}
 }
 
 // check refuses, before anything is posted, a message that cannot be sent.

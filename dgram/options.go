@@ -55,8 +55,10 @@ func WithRecvDepth(n int) Option {
 
 // WithPeerCache bounds how many address handles are kept for peers learnt
 // from the datagrams they sent (default 1024); the least recently written
-// to are freed first, never one a send in flight still uses. Peers from
-// Resolve and joined groups are kept until Close or LeaveGroup.
+// to are freed first, never one a send in flight still uses. A write to a
+// peer whose handle was freed fails with ErrNoPath until a datagram from
+// it arrives again. Peers from Resolve and joined groups are kept until
+// Close or LeaveGroup.
 func WithPeerCache(n int) Option {
 	return positive("peer cache", n, func(o *options) { o.peers = n })
 }

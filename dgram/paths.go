@@ -61,6 +61,14 @@ func (pc *pathCache) touch(p *path, seq uint64) {
 	pc.mu.Unlock()
 }
 
+// full says whether learning k would evict: k is new, and the cache
+// holds its bound of learnt paths.
+func (pc *pathCache) full(k gidKey) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.paths != nil && pc.paths[k] == nil && pc.learnt >= pc.max
+}
+
 // learn makes the path to a sender the first time it is seen, evicting
 // learnt paths that no send in flight names (done is the last completed
 // send) when there are max of them.
@@ -78,20 +86,33 @@ func (pc *pathCache) learn(k gidKey, done uint64, make func() (*verbs.AH, error)
 	pc.learnt++
 }
 
-// evict frees learnt paths until fewer than max remain, skipping those a
-// send in flight names. mu is held.
+// evict frees learnt paths, the least recently written to first (one
+// never written to before any), until fewer than max remain. Paths that
+// a send in flight names (lastSeq past done) stay, even if the cache then
+// holds more than max. mu is held.
+//
+// Each eviction scans the cache: it runs only when a new sender arrives
+// at a full cache, and a scan of max entries costs less than the address
+// handle made for it.
 func (pc *pathCache) evict(done uint64) {
-	for k, p := range pc.paths {
-		if pc.learnt < pc.max {
+	for pc.learnt >= pc.max {
+		var oldest gidKey
+		var victim *path
+		for k, p := range pc.paths {
+			if p.pinned || p.lastSeq > done {
+				continue
+			}
+			if victim == nil || p.lastSeq < victim.lastSeq {
+				oldest, victim = k, p
+			}
+		}
+		if victim == nil {
 			return
 		}
-		if p.pinned || p.lastSeq > done {
-			continue
+		if victim.ah != nil {
+			victim.ah.Destroy()
 		}
-		if p.ah != nil {
-			p.ah.Destroy()
-		}
-		delete(pc.paths, k)
+		delete(pc.paths, oldest)
 		pc.learnt--
 	}
 }

@@ -330,6 +330,50 @@ func TestDatagramManyPeers(t *testing.T) {
 	require.NoError(t, <-echoed)
 }
 
+// TestDatagramPeerCacheEvicts: with room for one learnt peer, a sender
+// from a second device address (the IPv6 one) takes the place of the
+// first, whose address handle is freed: a reply to it is refused with
+// ErrNoPath until it sends again, and is then learnt anew. The address
+// handles all go by Close (its PD frees without EBUSY) and CheckResources.
+func TestDatagramPeerCacheEvicts(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv := listenDgram(t, ctx, dgram.WithPeerCache(1))
+	if srv == nil {
+		return
+	}
+	cli4 := listenDgram(t, ctx)
+	to4, err := cli4.Resolve(ctx, srv.LocalAddr().String())
+	require.NoError(t, err)
+	// cli6 reaches srv's queue pair through the device's IPv6 address,
+	// which names the same port: a path made by resolving a Conn there.
+	dev6 := os.Getenv("RDMACM_TEST_ADDR6")
+	require.NotEmpty(t, dev6, "RDMACM_TEST_ADDR6")
+	at6, err := dgram.Listen(ctx, net.JoinHostPort(dev6, "0"))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, at6.Close()) }()
+	cli6, err := dgram.Listen(ctx, net.JoinHostPort(dev6, "0"))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, cli6.Close()) }()
+	via6, err := cli6.Resolve(ctx, at6.LocalAddr().String())
+	require.NoError(t, err)
+	srvAddr := srv.LocalAddr().(*dgram.Addr)
+	to6 := &dgram.Addr{IP: via6.IP, QPN: srvAddr.QPN, QKey: srvAddr.QKey}
+
+	from4 := sendDatagram(t, cli4, to4, srv, "from IPv4")
+	sendDatagram(t, srv, from4, cli4, "reply to IPv4")
+	from6 := sendDatagram(t, cli6, to6, srv, "from IPv6")
+	require.NotEqual(t, from4.(*dgram.Addr).IP.String(), from6.(*dgram.Addr).IP.String())
+	sendDatagram(t, srv, from6, cli6, "reply to IPv6")
+	_, err = srv.WriteTo([]byte("to an evicted peer"), from4)
+	require.ErrorIs(t, err, dgram.ErrNoPath, "the IPv4 peer's path made room for the IPv6 one")
+
+	from4 = sendDatagram(t, cli4, to4, srv, "from IPv4 again")
+	sendDatagram(t, srv, from4, cli4, "reply to IPv4 again")
+	_, err = srv.WriteTo([]byte("to an evicted peer"), from6)
+	require.ErrorIs(t, err, dgram.ErrNoPath, "the IPv6 peer's path made room for the IPv4 one")
+}
+
 // TestDatagramReceiverFallsBehind states what UD does and does not
 // promise. A sender is never held back by a slow receiver (no RNR, no
 // credits): 200 datagrams go out at once. The receiver, which read
