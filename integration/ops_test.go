@@ -451,6 +451,35 @@ func TestRNRRecoveryIsQuick(t *testing.T) {
 		requireUnreceivedSendEndsConnection(t, p)
 		return
 	}
+	took := rnrRecovery(t, p)
+	require.Less(t, took, 300*time.Millisecond, "the refused message waited for the 655 ms RNR timer")
+	t.Logf("message arrived %v after its receive was posted", took)
+}
+
+// TestRNRTimerSetsTheWait: WithRNRTimer reaches the device. Set to 400 ms
+// (the step of 491.52 ms), the refused message is sent again only after
+// it: its receive, posted 20 ms after the refusal, fills well past the
+// default timer's 20.48 ms, and past the 300 ms bound that
+// TestRNRRecoveryIsQuick holds the default to.
+func TestRNRTimerSetsTheWait(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	p := connect(t, ctx, cm.WithRNRRetry(7), cm.WithRNRTimer(400*time.Millisecond))
+	if rxetest.IWARP() { // no RNR: the refused send ends the connection
+		requireUnreceivedSendEndsConnection(t, p)
+		return
+	}
+	took := rnrRecovery(t, p)
+	require.Greater(t, took, 300*time.Millisecond, "the refused message came back before the RNR timer set")
+	t.Logf("message arrived %v after its receive was posted", took)
+}
+
+// rnrRecovery sends to p's server, which has no receive posted and so
+// refuses the message (RNR NAK: the device counter rises), posts the
+// receive 20 ms later and returns how long the message took to arrive
+// from then.
+func rnrRecovery(t *testing.T, p *pair) time.Duration {
+	t.Helper()
 	counter := "/sys/class/infiniband/" + rxetest.Device() + "/ports/1/hw_counters/rcvd_rnr_err"
 	before := readCounter(t, counter)
 	cpool, spool := newPool(t, p.client, 64, 1), newPool(t, p.server, 64, 1)
@@ -465,11 +494,10 @@ func TestRNRRecoveryIsQuick(t *testing.T) {
 	took := time.Since(posted)
 	require.NoError(t, c.Err)
 	require.Equal(t, "late", c.Context)
-	require.Less(t, took, 300*time.Millisecond, "the refused message waited for the 655 ms RNR timer")
 	require.NoError(t, next(t, p.client).Err)
-	t.Logf("message arrived %v after its receive was posted", took)
 	require.NoError(t, cpool.Put(b))
 	require.NoError(t, spool.Put(rb))
+	return took
 }
 
 // readCounter reads one of the device's hw_counters.
