@@ -106,7 +106,7 @@ func NewRegion(pd *PD, size int, access Access) (*Region, error) {
 	if err != nil {
 		unix.Munmap(mem)
 		pd.d.Release()
-		return nil, registrationError(fmt.Sprintf("a %d-byte region", size), err)
+		return nil, registrationError(fmt.Sprintf("a region of %d bytes", size), err)
 	}
 	r := &Region{pd: pd.d, access: access, mem: mem, mr: mr}
 	r.buf = Buffer{data: mem[:size:size], lkey: mr.LKey(), pd: pd.d}

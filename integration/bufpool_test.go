@@ -3,10 +3,12 @@ package integration
 import (
 	"context"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
@@ -171,4 +173,52 @@ func TestOpenPDBeforeConnecting(t *testing.T) {
 		require.NoError(t, err, "a name of the device's addresses")
 		require.NoError(t, byName.Close())
 	}
+}
+
+// TestRegistrationPastTheLockLimitSaysHow: a registration refused for
+// want of lockable memory says how to raise the limit, matches ENOMEM,
+// and leaves the PD as it was. soft-iWARP counts registrations against
+// RLIMIT_MEMLOCK even for root: with the limit lowered to 1 MiB, a pool
+// and a region of 8 MiB are refused, and fit once it is raised again.
+// rxe leaves root's registrations uncounted (CAP_IPC_LOCK): there both
+// are registered under the same limit.
+func TestRegistrationPastTheLockLimitSaysHow(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	pd, err := bufpool.OpenPD(ctx, rxetest.Addr(t))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pd.Close()) }()
+	var limit unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_MEMLOCK, &limit))
+	lowered := limit
+	lowered.Cur = 1 << 20
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lowered))
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &limit))
+		}
+	}
+	defer restore()
+
+	const size = 8 << 20
+	pool, poolErr := bufpool.New(pd, bufpool.Size(size), bufpool.Count(1))
+	region, regionErr := bufpool.NewRegion(pd, size, bufpool.RemoteRead)
+	if !rxetest.IWARP() {
+		require.NoError(t, poolErr)
+		require.NoError(t, regionErr)
+		require.NoError(t, pool.Close())
+		require.NoError(t, region.Close())
+		return
+	}
+	for _, err := range []error{poolErr, regionErr} {
+		require.ErrorIs(t, err, syscall.ENOMEM)
+		require.ErrorContains(t, err, "raise the locked-memory limit: `ulimit -l unlimited`")
+		t.Log(err)
+	}
+	restore()
+	pool, err = bufpool.New(pd, bufpool.Size(size), bufpool.Count(1))
+	require.NoError(t, err, "the PD registers again once the limit allows")
+	require.NoError(t, pool.Close())
 }
