@@ -368,13 +368,15 @@ func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	return len(p), nil
 }
 
-// Write sends p to Dial's peer.
+// Write sends p to Dial's peer. On a Conn from Listen, which has none, it
+// fails with an error matching syscall.EDESTADDRREQ, as a write on an
+// unconnected UDP socket does.
 func (c *Conn) Write(p []byte) (int, error) {
 	if !c.ok() {
 		return 0, syscall.EINVAL
 	}
 	if c.peer == nil {
-		return 0, c.opError("write", errors.New("dgram: Write needs Dial's peer: use WriteTo"))
+		return 0, c.opError("write", fmt.Errorf("dgram: Write needs Dial's peer: use WriteTo: %w", syscall.EDESTADDRREQ))
 	}
 	return c.WriteTo(p, c.peer)
 }

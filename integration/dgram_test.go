@@ -445,6 +445,7 @@ func TestDatagramBadInputAndClose(t *testing.T) {
 	_, err = c.WriteTo([]byte("x"), &dgram.Addr{IP: net.ParseIP("10.99.99.99"), QPN: 5})
 	require.ErrorIs(t, err, dgram.ErrNoPath)
 	_, err = c.Write([]byte("x"))
+	require.ErrorIs(t, err, syscall.EDESTADDRREQ, "a Conn from Listen has no peer to Write to")
 	require.ErrorContains(t, err, "WriteTo")
 	_, err = c.JoinGroup(ctx, rxetest.Addr(t))
 	require.ErrorIs(t, err, endpoint.ErrInvalid)
