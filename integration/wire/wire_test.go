@@ -298,3 +298,26 @@ func TestWireCut(t *testing.T) {
 	t.Logf("server=%v: ended %v after the cut: %v", server, time.Since(cut).Round(time.Millisecond), c.Err())
 	require.Less(t, time.Since(cut), cutBound)
 }
+
+// TestWireResolveTimeout: an address on the link's subnet that no guest
+// has leaves ARP unanswered, and cm.WithResolveTimeout bounds how long
+// Dial waits for it: the kernel's address resolution fails at that
+// timeout (ETIMEDOUT), with no ctx deadline to end it sooner. The default
+// is 2 s, past the bound. (The single-guest tests cannot show this: their
+// dummy0 has no ARP, so every neighbour resolves at once.) Both guests
+// dial it.
+func TestWireResolveTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rxetest.Peer(t)
+	rxetest.CheckResources(t)
+	const nobody, timeout = "10.77.1.99:7608", 300 * time.Millisecond
+	start := time.Now()
+	_, err := cm.Dial(ctx, nobody, cm.WithResolveTimeout(timeout))
+	took := time.Since(start)
+	t.Logf("failed after %v: %v", took.Round(time.Millisecond), err)
+	require.ErrorIs(t, err, syscall.ETIMEDOUT)
+	require.ErrorContains(t, err, "resolving the address")
+	require.Greater(t, took, timeout*2/3, "Dial gave up before ARP could time out")
+	require.Less(t, took, 1500*time.Millisecond, "Dial waited past its resolve timeout")
+}
