@@ -102,7 +102,12 @@ func Listen(ctx context.Context, addr string, opts ...ListenOption) (*Listener, 
 			q.Close(destroyEP(id))
 			return fail(err)
 		}
-		if err := id.Listen(o.backlog); err != nil {
+		// The kernel's backlog bounds only the requests whose events the
+		// listener has not read, and it drops, not rejects, those past
+		// it: the dialer's CM sends its request again seconds later. The
+		// listener reads at once and bounds what waits for Accept
+		// itself (rejecting the rest), so the kernel's is its largest.
+		if err := id.Listen(maxBacklog); err != nil {
 			q.Close(destroyEP(id))
 			// The IPv6 half of a listener on both families, where the
 			// kernel has no IPv6 (soft-iWARP listens on kernel sockets):

@@ -383,20 +383,20 @@ func WithResolveTimeout(d time.Duration) DialOption {
 	})
 }
 
-// defaultBacklog is the kernel's own bound on a listening rdma_cm id's
-// unanswered requests (rdma_ucm's max_backlog), so that the listener's
-// queue is not the narrower of the two: a burst of dials (500 at once
-// against msg.Listener) overflowed a queue of 64 and was rejected.
+// defaultBacklog is how many requests wait for Accept by default: a burst
+// of dials (500 at once against msg.Listener) overflowed a queue of 64
+// and was rejected.
 const defaultBacklog = 1024
 
 // maxBacklog bounds WithBacklog: the listener holds a queue of that many
 // requests in memory, and 65535 is the largest listen backlog a socket has
-// had on Linux. The kernel's own bound (rdma_ucm's max_backlog, 1024 by
-// default) is usually the narrower.
+// had on Linux. Listen asks the kernel for it too, which caps it at
+// rdma_ucm's max_backlog (1024 by default): there it bounds only the
+// requests whose events the listener has not read yet.
 const maxBacklog = 65535
 
 // WithBacklog sets how many connect requests wait for Accept before new
-// ones are rejected: 1 to 65535 (default 1024, the kernel's max_backlog).
+// ones are rejected, at once: 1 to 65535 (default 1024).
 func WithBacklog(n int) ListenOption {
 	return listenOnly(func(o *listenOptions) {
 		if (n < 1 || n > maxBacklog) && o.err == nil {

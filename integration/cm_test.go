@@ -983,6 +983,52 @@ func rdmaCMFiles(t *testing.T) int {
 	return n
 }
 
+// TestBacklogBoundsWaitingRequests: with WithBacklog(2) and nobody
+// accepting, two connect requests wait and every later one is refused
+// (ECONNREFUSED) at once; the two waiting then connect when accepted.
+// "At once" is well before the dialer's CM sends a request again (about
+// 6.5 s on rxe0): with the kernel's backlog set to the listener's, a burst
+// of requests overflowed it in half the runs, the kernel dropped those
+// past it, and they were refused only when sent again.
+func TestBacklogBoundsWaitingRequests(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const backlog, dials = 2, 5
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), cm.WithBacklog(backlog))
+	require.NoError(t, err)
+	defer l.Close()
+	type dialed struct {
+		ep  *endpoint.Endpoint
+		err error
+	}
+	results := make(chan dialed, dials)
+	for range dials {
+		go func() {
+			ep, err := cm.Dial(ctx, l.Addr().String())
+			results <- dialed{ep, err}
+		}()
+	}
+	refusedBy := time.After(5 * time.Second)
+	for range dials - backlog {
+		select {
+		case r := <-results:
+			require.ErrorIs(t, r.err, syscall.ECONNREFUSED, "a request past the backlog")
+		case <-refusedBy:
+			t.Fatal("requests past the backlog were not refused")
+		}
+	}
+	for range backlog {
+		ep, err := l.Accept(ctx)
+		require.NoError(t, err, "a request in the backlog")
+		defer closeAndDrain(t, ep)
+	}
+	for range backlog {
+		r := <-results
+		require.NoError(t, r.err, "a dial whose request waited in the backlog")
+		defer closeAndDrain(t, r.ep)
+	}
+}
+
 // TestListenerCloseRefusesWaitingDials: requests that reached a listener
 // but were never accepted are rejected when it closes (their dials fail
 // with ECONNREFUSED), and their ids are freed.
