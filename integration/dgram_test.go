@@ -36,15 +36,15 @@ func listenDgram(t *testing.T, ctx context.Context, opts ...dgram.Option) *dgram
 	return c
 }
 
-// resolvedDgramPair listens twice on the test device and resolves the
-// first Conn (srv) from the second (cli): to is srv's address for cli's
-// writes. On iWARP srv is nil, as with listenDgram.
-func resolvedDgramPair(t *testing.T, ctx context.Context) (srv, cli *dgram.Conn, to *dgram.Addr) {
+// resolvedDgramPair listens twice on the test device, cli with cliOpts,
+// and resolves the first Conn (srv) from the second (cli): to is srv's
+// address for cli's writes. On iWARP srv is nil, as with listenDgram.
+func resolvedDgramPair(t *testing.T, ctx context.Context, cliOpts ...dgram.Option) (srv, cli *dgram.Conn, to *dgram.Addr) {
 	t.Helper()
 	if srv = listenDgram(t, ctx); srv == nil {
 		return nil, nil, nil
 	}
-	cli = listenDgram(t, ctx)
+	cli = listenDgram(t, ctx, cliOpts...)
 	to, err := cli.Resolve(ctx, srv.LocalAddr().String())
 	require.NoError(t, err)
 	return srv, cli, to

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -473,11 +474,13 @@ func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 // event that ends the first step of a Resolve), that Resolve and every
 // later one fail with the read's failure, not with net.ErrClosed (the
 // application closed nothing), and the Conn still exchanges datagrams
-// with a peer it had resolved before.
+// with a peer it had resolved before. The logger given with
+// dgram.WithLogger gets the failure, as an error.
 func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	srv, cli, to := resolvedDgramPair(t, ctx)
+	var log lockedBuffer
+	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithLogger(zerolog.New(&log)))
 	if srv == nil {
 		return
 	}
@@ -491,6 +494,7 @@ func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 		require.ErrorIs(t, err, injected)
 		require.NotErrorIs(t, err, net.ErrClosed, "the application closed nothing")
 	}
+	require.Contains(t, log.String(), `{"level":"error","error":"injected CM event channel failure","message":"dgram: reading CM events; the Conn no longer resolves or answers peers"}`)
 
 	sendDatagram(t, cli, to, srv, "still")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -1181,11 +1183,13 @@ func TestServerShutdownWithCallsInFlight(t *testing.T) {
 
 // TestHandlerPanicFailsOnlyItsCall: a handler that panics fails its own
 // call with a *RemoteError; the server process lives and serves on, on
-// that connection and others.
+// that connection and others; the logger given with msg.WithLogger gets
+// the panic, its method and the handler's stack.
 func TestHandlerPanicFailsOnlyItsCall(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	s, addr, served := rpcServer(t, ctx)
+	var log lockedBuffer
+	s, addr, served := rpcServer(t, ctx, msg.WithLogger(zerolog.New(&log)))
 	cl, err := msg.DialClient(ctx, addr)
 	require.NoError(t, err)
 	defer cl.Close()
@@ -1194,6 +1198,18 @@ func TestHandlerPanicFailsOnlyItsCall(t *testing.T) {
 	require.ErrorAs(t, err, &re)
 	require.Contains(t, re.Msg, "panicked: you asked for it")
 	require.ErrorIs(t, err, msg.CodeInternal)
+	var entry struct{ Level, Message, Method, Panic, Stack string }
+	for line := range strings.Lines(log.String()) {
+		require.NoError(t, json.Unmarshal([]byte(line), &entry), "a log line: %s", line)
+		if entry.Message == "msg: handler panicked" {
+			break
+		}
+	}
+	require.Equal(t, "msg: handler panicked", entry.Message, "the log: %s", log.String())
+	require.Equal(t, "error", entry.Level)
+	require.Equal(t, "panic", entry.Method)
+	require.Equal(t, "you asked for it", entry.Panic)
+	require.Contains(t, entry.Stack, "integration.rpcHandler", "the stack names the handler")
 	resp, err := cl.Call(ctx, "echo", []byte("still here"))
 	require.NoError(t, err, "the same connection serves on")
 	require.Equal(t, "still here", string(resp))
