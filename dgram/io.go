@@ -235,11 +235,7 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 			c.stats.discarded.Add(1)
 			continue
 		}
-		k := keyOf(src)
-		if c.paths.full(k) {
-			c.reclaimSends()
-		}
-		c.paths.learn(k, c.tx.done.Load(), func() (*verbs.AH, error) {
+		c.paths.learn(keyOf(src), c.sendsDone, func() (*verbs.AH, error) {
 			return c.pd.PD().AHFromWC(c.port, wc, unsafe.Pointer(&buf[0]))
 		})
 		payload := buf[verbs.GRHSize:wc.ByteLen]
@@ -447,15 +443,19 @@ func (c *Conn) countSent(ms []Message) {
 	c.stats.bytesSent.Add(bytes)
 }
 
-// reclaimSends takes the sends that completed, unless a writer is busy
-// (who will), so that the peer cache can evict a path whose last send has
-// completed: writers take them only when they run short of slots. A
-// failure is left for the next writer to find. recvMu is held.
-func (c *Conn) reclaimSends() {
+// sendsDone is the last send known complete, for the peer cache before it
+// evicts. It first takes the sends that completed, unless a writer is
+// busy (who will): writers take them only when they run short of slots,
+// and every path written to since would look in flight. A failure is
+// left for the next writer to find. It never waits for sendMu, so the
+// reader may ask while it holds the cache's lock, which writers take
+// under sendMu.
+func (c *Conn) sendsDone() uint64 {
 	if c.sendMu.TryLock() {
 		c.tx.reclaim(c.send.cq)
 		c.sendMu.Unlock()
 	}
+	return c.tx.done.Load()
 }
 
 // check refuses, before anything is posted, a message that cannot be sent.

@@ -61,25 +61,17 @@ func (pc *pathCache) touch(p *path, seq uint64) {
 	pc.mu.Unlock()
 }
 
-// full says whether learning k would evict: k is new, and the cache
-// holds its bound of learnt paths.
-func (pc *pathCache) full(k gidKey) bool {
-	pc.mu.Lock()
-	defer pc.mu.Unlock()
-	return pc.paths != nil && pc.paths[k] == nil && pc.learnt >= pc.max
-}
-
-// learn makes the path to a sender the first time it is seen, evicting
-// learnt paths that no send in flight names (done is the last completed
-// send) when there are max of them.
-func (pc *pathCache) learn(k gidKey, done uint64, make func() (*verbs.AH, error)) {
+// learn makes the path to a sender the first time it is seen. When there
+// are max learnt paths, it first evicts those no send in flight names:
+// done, asked only then, gives the last send known complete.
+func (pc *pathCache) learn(k gidKey, done func() uint64, make func() (*verbs.AH, error)) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pc.paths == nil || pc.paths[k] != nil {
 		return
 	}
 	if pc.learnt >= pc.max {
-		pc.evict(done)
+		pc.evict(done())
 	}
 	ah, _ := make() // a failure is remembered as a path with no handle
 	pc.paths[k] = &path{ah: ah}
