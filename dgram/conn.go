@@ -315,7 +315,7 @@ func listen(host, port string, o options) (_ *Conn, err error) {
 		return nil, err
 	}
 	undo = append(undo, c.tx.release)
-	c.paths.init(o.peers)
+	c.paths.init(o.peers, func(s *verbs.Sender) (*verbs.AH, error) { return c.pd.PD().AHTo(c.port, s) })
 	undo = append(undo, c.paths.free)
 	if err = c.rx.postAll(c.id); err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -235,9 +234,7 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 			c.stats.discarded.Add(1)
 			continue
 		}
-		c.paths.learn(keyOf(src), c.sendsDone, func() (*verbs.AH, error) {
-			return c.pd.PD().AHFromWC(c.port, wc, unsafe.Pointer(&buf[0]))
-		})
+		c.paths.learn(keyOf(src), wc, buf[:verbs.GRHSize], c.sendsDone)
 		payload := buf[verbs.GRHSize:wc.ByteLen]
 		m := &ms[got]
 		m.N = copy(m.Buf, payload)
@@ -458,7 +455,8 @@ func (c *Conn) sendsDone() uint64 {
 	return c.tx.done.Load()
 }
 
-// check refuses, before anything is posted, a message that cannot be sent.
+// check refuses, before anything is posted, a message that cannot be
+// sent. sendMu is held.
 func (c *Conn) check(m *Message) (*path, error) {
 	a, ok := m.Addr.(*Addr)
 	if !ok || a == nil {
@@ -468,9 +466,9 @@ func (c *Conn) check(m *Message) (*path, error) {
 		return nil, &net.OpError{Op: "write", Net: Network, Source: c.local, Addr: a,
 			Err: fmt.Errorf("%w: %d bytes, the MTU is %d", ErrMessageTooLarge, len(m.Buf), c.mtu)}
 	}
-	p := c.paths.lookup(keyOf(a.IP))
-	if p == nil {
-		return nil, &net.OpError{Op: "write", Net: Network, Source: c.local, Addr: a, Err: ErrNoPath}
+	p, err := c.paths.lookup(keyOf(a.IP), c.tx.seq+1)
+	if err != nil {
+		return nil, &net.OpError{Op: "write", Net: Network, Source: c.local, Addr: a, Err: err}
 	}
 	return p, nil
 }

@@ -53,12 +53,12 @@ func WithRecvDepth(n int) Option {
 	return positive("receive depth", n, func(o *options) { o.recvDepth = n })
 }
 
-// WithPeerCache bounds how many address handles are kept for peers learnt
-// from the datagrams they sent (default 1024); the least recently written
-// to are freed first, never one a send in flight still uses. A write to a
-// peer whose handle was freed fails with ErrNoPath until a datagram from
-// it arrives again. Peers from Resolve and joined groups are kept until
-// Close or LeaveGroup.
+// WithPeerCache bounds how many peers learnt from the datagrams they sent
+// are kept (default 1024), each with the address handle made on the first
+// write to it. The least recently written to are forgotten first, never
+// one a send in flight still uses. A write to a forgotten peer fails with
+// ErrNoPath until a datagram from it arrives again. Peers from Resolve
+// and joined groups are kept until Close or LeaveGroup.
 func WithPeerCache(n int) Option {
 	return positive("peer cache", n, func(o *options) { o.peers = n })
 }

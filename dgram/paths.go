@@ -2,17 +2,21 @@ package dgram
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
-// path is the address handle of one destination port (a GID). Sends name
-// it until they complete; lastSeq is the last send that did.
+// path is the way to one destination port (a GID). A learnt path's
+// address handle is made on the first write there, from what its sender's
+// datagram said: a Conn that only reads makes none. Sends name the handle
+// until they complete; lastSeq is the last send that did.
 type path struct {
-	ah      *verbs.AH // nil when making it failed (sends there get ErrNoPath)
-	pinned  bool      // resolved or a joined group: kept until Close or LeaveGroup
+	ah      *verbs.AH     // nil until made
+	sender  *verbs.Sender // a learnt path's, until its handle is made
+	pinned  bool          // resolved or a joined group: kept until Close or LeaveGroup
 	lastSeq uint64
 }
 
@@ -31,27 +35,43 @@ type group struct {
 type pathCache struct {
 	mu     sync.Mutex
 	max    int
+	makeAH func(*verbs.Sender) (*verbs.AH, error)
 	learnt int
 	paths  map[gidKey]*path
 	peers  map[string]*Addr // Resolve's answers by "host:port"
 	groups map[gidKey]*group
 }
 
-func (pc *pathCache) init(max int) {
+func (pc *pathCache) init(max int, makeAH func(*verbs.Sender) (*verbs.AH, error)) {
 	pc.max = max
+	pc.makeAH = makeAH
 	pc.paths = make(map[gidKey]*path)
 	pc.peers = make(map[string]*Addr)
 	pc.groups = make(map[gidKey]*group)
 }
 
-// lookup returns the path to k, or nil (also when making it failed).
-func (pc *pathCache) lookup(k gidKey) *path {
+// lookup returns the path to k for the write that will post send next,
+// making its address handle if this is the first write there. The path
+// counts as in flight from now, so that no eviction frees the handle
+// before the send that names it is posted (a writer may wait for a free
+// slot in between). sendMu is held. A handle that cannot be made is tried
+// again on the next write.
+func (pc *pathCache) lookup(k gidKey, next uint64) (*path, error) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if p := pc.paths[k]; p != nil && p.ah != nil {
-		return p
+	p := pc.paths[k]
+	if p == nil {
+		return nil, ErrNoPath
 	}
-	return nil
+	if p.ah == nil {
+		ah, err := pc.makeAH(p.sender)
+		if err != nil {
+			return nil, fmt.Errorf("dgram: the address handle of a peer learnt from its datagram: %w", err)
+		}
+		p.ah, p.sender = ah, nil
+	}
+	p.lastSeq = max(p.lastSeq, next)
+	return p, nil
 }
 
 // touch records that send seq names p. sendMu is held.
@@ -61,10 +81,11 @@ func (pc *pathCache) touch(p *path, seq uint64) {
 	pc.mu.Unlock()
 }
 
-// learn makes the path to a sender the first time it is seen. When there
-// are max learnt paths, it first evicts those no send in flight names:
-// done, asked only then, gives the last send known complete.
-func (pc *pathCache) learn(k gidKey, done func() uint64, make func() (*verbs.AH, error)) {
+// learn records the path to a datagram's sender the first time it is
+// seen (wc and grh are its completion and GRH). When there are max learnt
+// paths, it first evicts those no send in flight names: done, asked only
+// then, gives the last send known complete.
+func (pc *pathCache) learn(k gidKey, wc *verbs.WC, grh []byte, done func() uint64) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	if pc.paths == nil || pc.paths[k] != nil {
@@ -73,8 +94,7 @@ func (pc *pathCache) learn(k gidKey, done func() uint64, make func() (*verbs.AH,
 	if pc.learnt >= pc.max {
 		pc.evict(done())
 	}
-	ah, _ := make() // a failure is remembered as a path with no handle
-	pc.paths[k] = &path{ah: ah}
+	pc.paths[k] = &path{sender: verbs.SenderOf(wc, grh)}
 	pc.learnt++
 }
 
@@ -84,8 +104,8 @@ func (pc *pathCache) learn(k gidKey, done func() uint64, make func() (*verbs.AH,
 // holds more than max. mu is held.
 //
 // Each eviction scans the cache: it runs only when a new sender arrives
-// at a full cache, and a scan of max entries costs less than the address
-// handle made for it.
+// at a full cache, and a scan of max entries costs less than making an
+// address handle.
 func (pc *pathCache) evict(done uint64) {
 	for pc.learnt >= pc.max {
 		var oldest gidKey
@@ -101,16 +121,14 @@ func (pc *pathCache) evict(done uint64) {
 		if victim == nil {
 			return
 		}
-		if victim.ah != nil {
-			victim.ah.Destroy()
-		}
+		victim.ah.Destroy()
 		delete(pc.paths, oldest)
 		pc.learnt--
 	}
 }
 
 // pin keeps the path to k, made with ah unless one exists (ah is then
-// destroyed), until unpin.
+// destroyed), until removeGroup or free.
 func (pc *pathCache) pin(k gidKey, ah *verbs.AH) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
@@ -120,7 +138,7 @@ func (pc *pathCache) pin(k gidKey, ah *verbs.AH) {
 		pc.paths[k] = &path{ah: ah, pinned: true}
 		return
 	case p.ah == nil:
-		p.ah = ah
+		p.ah, p.sender = ah, nil
 	default:
 		ah.Destroy()
 	}
@@ -204,9 +222,7 @@ func (pc *pathCache) free() {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
 	for _, p := range pc.paths {
-		if p.ah != nil {
-			p.ah.Destroy()
-		}
+		p.ah.Destroy()
 	}
 	pc.paths = nil
 }

@@ -1,7 +1,9 @@
 package dgram
 
 import (
+	"errors"
 	"net"
+	"syscall"
 	"testing"
 
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -10,16 +12,15 @@ import (
 // TestPeerCacheEvictsLeastRecentlyWrittenTo: a full cache of learnt
 // paths frees the one written to least recently (never, before any),
 // keeps one a send in flight names and pinned ones, and grows past its
-// bound rather than free a path in use. The address handles are nil
-// here, as for a path whose handle could not be made.
+// bound rather than free a path in use. No write makes an address
+// handle here, so eviction has none to destroy.
 func TestPeerCacheEvictsLeastRecentlyWrittenTo(t *testing.T) {
 	var pc pathCache
-	pc.init(3)
-	noAH := func() (*verbs.AH, error) { return nil, nil }
+	pc.init(3, nil)
 	upTo := func(seq uint64) func() uint64 { return func() uint64 { return seq } }
 	key := func(i int) gidKey { return keyOf(net.IPv4(10, 0, 0, byte(i))) }
 	for i := 1; i <= 3; i++ {
-		pc.learn(key(i), upTo(0), noAH)
+		learn(&pc, key(i), upTo(0))
 	}
 	pc.pin(key(9), nil) // Resolve's: never evicted, never counted
 	written := func(i int, seq uint64) {
@@ -34,19 +35,19 @@ func TestPeerCacheEvictsLeastRecentlyWrittenTo(t *testing.T) {
 	written(2, 5)
 	written(3, 9) // in flight: only 8 sends are done
 
-	pc.learn(key(4), upTo(8), noAH) // 2 goes: written to before 1; 3 is in flight
+	learn(&pc, key(4), upTo(8)) // 2 goes: written to before 1; 3 is in flight
 	requireCached(t, &pc, []int{1, 3, 4, 9}, []int{2})
-	pc.learn(key(5), upTo(8), noAH) // 4, never written to, goes before 1
+	learn(&pc, key(5), upTo(8)) // 4, never written to, goes before 1
 	requireCached(t, &pc, []int{1, 3, 5, 9}, []int{2, 4})
 
 	written(1, 12)
 	written(5, 11)
-	pc.learn(key(6), upTo(8), noAH) // all three in flight: the cache grows
+	learn(&pc, key(6), upTo(8)) // all three in flight: the cache grows
 	requireCached(t, &pc, []int{1, 3, 5, 6, 9}, nil)
 	if pc.learnt != 4 {
 		t.Fatalf("%d learnt paths counted, want 4", pc.learnt)
 	}
-	pc.learn(key(7), upTo(12), noAH) // back to the bound: 6, then 3 (oldest first)
+	learn(&pc, key(7), upTo(12)) // back to the bound: 6, then 3 (oldest first)
 	requireCached(t, &pc, []int{1, 5, 7, 9}, []int{3, 6})
 }
 
@@ -62,4 +63,56 @@ func requireCached(t *testing.T, pc *pathCache, kept, evicted []int) {
 			t.Errorf("the path to 10.0.0.%d is cached; want it evicted", i)
 		}
 	}
+}
+
+// TestPeerCacheMakesHandlesOnWrite: learning a sender makes no address
+// handle; the first write there makes it, once; a handle that cannot be
+// made fails that write with the device's error and is tried again on
+// the next; and a path a writer has looked up stays while it waits to
+// post, however many sends are done.
+func TestPeerCacheMakesHandlesOnWrite(t *testing.T) {
+	var pc pathCache
+	made := 0
+	var fail error
+	pc.init(1, func(s *verbs.Sender) (*verbs.AH, error) {
+		if s == nil {
+			t.Fatal("a handle made with no sender")
+		}
+		if fail != nil {
+			return nil, fail
+		}
+		made++
+		return &verbs.AH{}, nil
+	})
+	k1 := keyOf(net.IPv4(10, 0, 0, 1))
+	learn(&pc, k1, func() uint64 { return 0 })
+	if made != 0 {
+		t.Fatalf("learning a sender made %d address handles, want none", made)
+	}
+	if _, err := pc.lookup(keyOf(net.IPv4(10, 0, 0, 2)), 1); !errors.Is(err, ErrNoPath) {
+		t.Fatalf("lookup of an unknown peer: %v, want ErrNoPath", err)
+	}
+
+	fail = syscall.ENOMEM
+	if _, err := pc.lookup(k1, 1); !errors.Is(err, syscall.ENOMEM) || errors.Is(err, ErrNoPath) {
+		t.Fatalf("lookup whose handle failed: %v, want the device's ENOMEM", err)
+	}
+	fail = nil
+	p, err := pc.lookup(k1, 1)
+	if err != nil || p.ah == nil || made != 1 {
+		t.Fatalf("lookup after the failure: %v, %d handles made; want one", err, made)
+	}
+	if _, err := pc.lookup(k1, 2); err != nil || made != 1 {
+		t.Fatalf("a second lookup: %v, %d handles made; want the first", err, made)
+	}
+
+	// Looked up for send 2, not yet posted: a full cache keeps it even
+	// when every send posted so far is done.
+	learn(&pc, keyOf(net.IPv4(10, 0, 0, 3)), func() uint64 { return 1 })
+	requireCached(t, &pc, []int{1, 3}, nil)
+}
+
+// learn learns a sender at k with an empty completion and GRH.
+func learn(pc *pathCache, k gidKey, done func() uint64) {
+	pc.learn(k, &verbs.WC{}, make([]byte, verbs.GRHSize), done)
 }

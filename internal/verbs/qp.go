@@ -236,7 +236,7 @@ type WC struct {
 	Imm       uint32 // host byte order; valid when Flags&WCWithImm
 	Flags     uint32
 	QPNum     uint32
-	// Unreliable datagram receives: who sent it (see AHFromWC).
+	// Unreliable datagram receives: who sent it (see SenderOf).
 	SrcQP        uint32
 	SLID         uint16
 	SL           uint8

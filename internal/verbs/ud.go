@@ -54,7 +54,7 @@ static int go_leave(struct rdma_cm_id *id, const uint8_t *ip, int len)
 }
 
 static struct ibv_ah *go_ah_from_wc(struct ibv_pd *pd, uint8_t port, uint32_t src_qp, uint16_t slid,
-	uint8_t sl, uint8_t path_bits, uintptr_t grh)
+	uint8_t sl, uint8_t path_bits, const uint8_t *grh)
 {
 	struct ibv_wc wc;
 	memset(&wc, 0, sizeof(wc));
@@ -213,20 +213,41 @@ func (pd *PD) CreateAH(ud *UDParam) (*AH, error) {
 	return &AH{p: p}, nil
 }
 
-// AHFromWC makes the address handle that answers the sender of a received
-// datagram (ibv_create_ah_from_wc): wc is its completion, grh the address
-// of the GRHSize bytes at the start of its receive buffer (C memory).
-func (pd *PD) AHFromWC(port int, wc *WC, grh unsafe.Pointer) (*AH, error) {
-	p, err := C.go_ah_from_wc(pd.p, C.uint8_t(port), C.uint32_t(wc.SrcQP), C.uint16_t(wc.SLID),
-		C.uint8_t(wc.SL), C.uint8_t(wc.DLIDPathBits), C.uintptr_t(uintptr(grh)))
+// Sender is what answering the sender of a received datagram takes: its
+// completion's source fields and its GRH, copied so that the address
+// handle can be made later (AHTo), when the first reply is sent.
+type Sender struct {
+	srcQP    uint32
+	slid     uint16
+	sl       uint8
+	pathBits uint8
+	grh      [GRHSize]byte
+}
+
+// SenderOf copies what AHTo needs from a receive's completion and the
+// GRHSize bytes at the start of its buffer.
+func SenderOf(wc *WC, grh []byte) *Sender {
+	s := &Sender{srcQP: wc.SrcQP, slid: wc.SLID, sl: wc.SL, pathBits: wc.DLIDPathBits}
+	copy(s.grh[:], grh)
+	return s
+}
+
+// AHTo makes the address handle that answers s (ibv_create_ah_from_wc).
+func (pd *PD) AHTo(port int, s *Sender) (*AH, error) {
+	p, err := C.go_ah_from_wc(pd.p, C.uint8_t(port), C.uint32_t(s.srcQP), C.uint16_t(s.slid),
+		C.uint8_t(s.sl), C.uint8_t(s.pathBits), (*C.uint8_t)(unsafe.Pointer(&s.grh[0])))
 	if p == nil {
 		return nil, callError("ibv_create_ah_from_wc", err)
 	}
 	return &AH{p: p}, nil
 }
 
-// Destroy frees the address handle; no posted send may still name it.
+// Destroy frees the address handle; no posted send may still name it. A
+// nil or zero AH has nothing to free.
 func (ah *AH) Destroy() error {
+	if ah == nil || ah.p == nil {
+		return nil
+	}
 	return retErrno("ibv_destroy_ah", C.ibv_destroy_ah(ah.p))
 }
 
