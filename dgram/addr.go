@@ -52,24 +52,25 @@ func (a *Addr) sameQP(b *Addr) bool {
 }
 
 // grhSource returns the sender's IP address from the GRHSize bytes the
-// device wrote ahead of a received datagram. On RoCE v2 over IPv4 the
-// IPv4 header fills the last 20 of them; otherwise they are an IPv6-shaped
-// GRH whose source GID is the sender's address. An IPv6 GRH can look like
-// an IPv4 header in its last 20 bytes only by chance, so, as rdma-core
-// does, a valid IPv4 header checksum decides.
-func grhSource(h []byte) (net.IP, bool) {
+// device wrote ahead of a received datagram, and whether it was sent to
+// a multicast group. On RoCE v2 over IPv4 the IPv4 header fills the last
+// 20 of them; otherwise they are an IPv6-shaped GRH whose source GID is
+// the sender's address. An IPv6 GRH can look like an IPv4 header in its
+// last 20 bytes only by chance, so, as rdma-core does, a valid IPv4
+// header checksum decides.
+func grhSource(h []byte) (src net.IP, toGroup, ok bool) {
 	if len(h) < 40 {
-		return nil, false
+		return nil, false, false
 	}
 	v4 := h[20:40]
 	isV4 := v4[0] == 0x45 && ipv4ChecksumOK(v4)
 	switch {
 	case h[0]>>4 != 6 && v4[0]>>4 == 4, h[0]>>4 == 6 && isV4:
-		return net.IPv4(v4[12], v4[13], v4[14], v4[15]), true
+		return net.IPv4(v4[12], v4[13], v4[14], v4[15]), v4[16]>>4 == 0xe, true
 	case h[0]>>4 == 6:
-		return append(net.IP(nil), h[8:24]...), true
+		return append(net.IP(nil), h[8:24]...), net.IP(h[24:40]).IsMulticast(), true
 	}
-	return nil, false
+	return nil, false, false
 }
 
 func ipv4ChecksumOK(h []byte) bool {

@@ -33,19 +33,29 @@ func roceV2IPv4GRH(src, dst net.IP) []byte {
 
 func TestGRHSource(t *testing.T) {
 	src, dst := net.ParseIP("10.77.0.2"), net.ParseIP("10.77.0.1")
-	got, ok := grhSource(roceV2IPv4GRH(src, dst))
-	if !ok || !got.Equal(src) {
-		t.Fatalf("RoCE v2 IPv4: got %v %v, want %v", got, ok, src)
+	got, toGroup, ok := grhSource(roceV2IPv4GRH(src, dst))
+	if !ok || !got.Equal(src) || toGroup {
+		t.Fatalf("RoCE v2 IPv4: got %v %v %v, want %v to no group", got, toGroup, ok, src)
+	}
+	if _, toGroup, _ := grhSource(roceV2IPv4GRH(src, net.ParseIP("239.7.7.7"))); !toGroup {
+		t.Fatal("RoCE v2 IPv4 to 239.7.7.7: not seen as sent to a group")
 	}
 
-	// An IPv6 GRH: version 6, the source GID at bytes 8-23.
+	// An IPv6 GRH: version 6, the source GID at bytes 8-23, the
+	// destination's at 24-39.
 	h := make([]byte, 40)
 	h[0] = 0x60
 	gid := net.ParseIP("fd77::2")
 	copy(h[8:], gid)
 	copy(h[24:], net.ParseIP("fd77::1"))
-	if got, ok := grhSource(h); !ok || !got.Equal(gid) {
-		t.Fatalf("IPv6 GRH: got %v %v, want %v", got, ok, gid)
+	if got, toGroup, ok := grhSource(h); !ok || !got.Equal(gid) || toGroup {
+		t.Fatalf("IPv6 GRH: got %v %v %v, want %v to no group", got, toGroup, ok, gid)
+	}
+	for _, group := range []string{"ff0e::7", "::ffff:239.7.7.7"} {
+		copy(h[24:], net.ParseIP(group))
+		if _, toGroup, _ := grhSource(h); !toGroup {
+			t.Fatalf("IPv6 GRH to %s: not seen as sent to a group", group)
+		}
 	}
 
 	// An IPv4 header whose checksum is wrong is not taken for one when
@@ -53,13 +63,13 @@ func TestGRHSource(t *testing.T) {
 	bad := roceV2IPv4GRH(src, dst)
 	bad[0] = 0x60
 	bad[30] ^= 0xff
-	if got, _ := grhSource(bad); got.Equal(src) {
+	if got, _, _ := grhSource(bad); got.Equal(src) {
 		t.Fatal("a header with a bad checksum was read as IPv4")
 	}
-	if _, ok := grhSource(make([]byte, 40)); ok {
+	if _, _, ok := grhSource(make([]byte, 40)); ok {
 		t.Fatal("zeros read as a header")
 	}
-	if _, ok := grhSource(make([]byte, 10)); ok {
+	if _, _, ok := grhSource(make([]byte, 10)); ok {
 		t.Fatal("a short buffer read as a header")
 	}
 }
@@ -136,7 +146,7 @@ func FuzzGRHSource(f *testing.F) {
 	f.Add(v6)
 	f.Add(make([]byte, 39))
 	f.Fuzz(func(t *testing.T, h []byte) {
-		ip, ok := grhSource(h)
+		ip, _, ok := grhSource(h)
 		if ok != (ip != nil) || ok && len(ip) != net.IPv6len {
 			t.Fatalf("grhSource(%x) = %v, %v", h, ip, ok)
 		}

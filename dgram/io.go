@@ -223,7 +223,7 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 			continue
 		}
 		buf := r.bufs[slot].Bytes()
-		src, ok := grhSource(buf[:verbs.GRHSize])
+		src, toGroup, ok := grhSource(buf[:verbs.GRHSize])
 		if wc.Flags&verbs.WCGRH == 0 || !ok {
 			c.log.Debug().Msg("dgram: a datagram without a readable GRH: dropped")
 			c.stats.discarded.Add(1)
@@ -234,7 +234,11 @@ func (c *Conn) takeReady(ms []Message, from *Addr) int {
 			c.stats.discarded.Add(1)
 			continue
 		}
-		c.paths.learn(keyOf(src), wc, buf[:verbs.GRHSize], c.sendsDone)
+		if !toGroup {
+			// A group's datagram cannot make the handle that answers
+			// its sender: rdma-core does not look multicast GIDs up.
+			c.paths.learn(keyOf(src), wc, buf[:verbs.GRHSize], c.sendsDone)
+		}
 		payload := buf[verbs.GRHSize:wc.ByteLen]
 		m := &ms[got]
 		m.N = copy(m.Buf, payload)

@@ -57,8 +57,9 @@ func WithRecvDepth(n int) Option {
 // are kept (default 1024), each with the address handle made on the first
 // write to it. The least recently written to are forgotten first, never
 // one a send in flight still uses. A write to a forgotten peer fails with
-// ErrNoPath until a datagram from it arrives again. Peers from Resolve
-// and joined groups are kept until Close or LeaveGroup.
+// ErrNoPath until a datagram from it arrives again; so does one to the
+// sender of a group's datagram, which no handle can answer (Resolve it).
+// Peers from Resolve and joined groups are kept until Close or LeaveGroup.
 func WithPeerCache(n int) Option {
 	return positive("peer cache", n, func(o *options) { o.peers = n })
 }

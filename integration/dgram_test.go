@@ -500,8 +500,9 @@ func TestDatagramBadInputAndClose(t *testing.T) {
 }
 
 // TestDatagramMulticastInProcess: two Conns join a group; what one sends
-// to the group, the other receives with the sender's address; after
-// LeaveGroup it no longer does.
+// to the group, the other receives with the sender's address, which it
+// can answer once the sender writes to it alone; after LeaveGroup it no
+// longer receives the group's.
 func TestDatagramMulticastInProcess(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -521,6 +522,27 @@ func TestDatagramMulticastInProcess(t *testing.T) {
 	require.NoError(t, err)
 	from := sendDatagram(t, a, ga, b, "to the group")
 	require.Equal(t, a.LocalAddr().(*dgram.Addr).QPN, from.(*dgram.Addr).QPN)
+
+	// No address handle answers a group's sender (rdma-core does not look
+	// a multicast GID up), and the group's datagram leaves no path behind
+	// that would stand in the way of one sent to b alone.
+	_, err = b.WriteTo([]byte("to the group's sender"), from)
+	require.ErrorIs(t, err, dgram.ErrNoPath)
+	toB, err := a.Resolve(ctx, b.LocalAddr().String())
+	require.NoError(t, err)
+	from = sendDatagram(t, a, toB, b, "to b alone")
+	_, err = b.WriteTo([]byte("the answer"), from)
+	require.NoError(t, err)
+	require.NoError(t, a.SetReadDeadline(time.Now().Add(10*time.Second)))
+	buf := make([]byte, 64)
+	for {
+		n, _, err := a.ReadFrom(buf)
+		require.NoError(t, err)
+		if string(buf[:n]) != "to the group" { // a is a member too
+			require.Equal(t, "the answer", string(buf[:n]))
+			break
+		}
+	}
 
 	require.NoError(t, b.LeaveGroup(group))
 	_, err = a.WriteTo([]byte("again"), ga)
