@@ -407,13 +407,14 @@ func (c *Conn) writeBatch(ms []Message) (int, error) {
 	s.touched = paths
 	sent := 0
 	for sent < len(ms) {
-		if s.err != nil {
-			return sent, c.opError("write", s.err)
-		}
 		if len(s.idle) < len(ms)-sent {
 			if _, err := s.reclaim(c.send.cq); err != nil {
 				return sent, c.opError("write", err)
 			}
+		}
+		// After the reclaim: the write that finds a send failed fails.
+		if s.err != nil {
+			return sent, c.opError("write", s.err)
 		}
 		if len(s.idle) == 0 {
 			if deadlinePassed(&c.send) {

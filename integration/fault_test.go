@@ -175,6 +175,7 @@ func disarmDeviceFaults() {
 	verbs.FailQPMoves(nil, 0)
 	verbs.FailNextDisconnect(nil)
 	verbs.FailIPv6Listens(nil)
+	verbs.FailNextCompletion(0, verbs.WCSuccess)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
@@ -467,6 +468,35 @@ func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 		require.Equal(t, []byte{i}, buf[:n], "the datagram whose event failed")
 		return
 	}
+}
+
+// TestInjectedSendFailureEndsDatagramWrites: once a write has seen the
+// device fail an earlier send (made to fail once, make test-faults: the
+// first send's completion), that write and every one after it fail with
+// an error matching endpoint.ErrClosed, not net.ErrClosed (only Close
+// closes the Conn), and send nothing more; reads go on. With one send
+// slot, the second write is the one that must reclaim the first's and so
+// sees its failure.
+func TestInjectedSendFailureEndsDatagramWrites(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(1))
+	if srv == nil {
+		return
+	}
+	verbs.FailNextCompletion(verbs.WCSend, verbs.WCLocQPOpErr)
+	t.Cleanup(disarmDeviceFaults)
+	from := sendDatagram(t, cli, to, srv, "posted; its completion fails")
+	for _, p := range []string{"the write that sees the failure", "a write after it"} {
+		_, err := cli.WriteTo([]byte(p), to)
+		require.ErrorIs(t, err, endpoint.ErrClosed, p)
+		require.NotErrorIs(t, err, net.ErrClosed, p)
+	}
+	require.EqualValues(t, 1, cli.Stats().DatagramsSent, "a write after the failure sent a datagram")
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err := srv.ReadFrom(make([]byte, 64))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after the failure arrived")
+	sendDatagram(t, srv, from, cli, "reads go on")
 }
 
 // TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's

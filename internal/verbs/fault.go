@@ -2,9 +2,13 @@
 
 package verbs
 
+// #include "shim.h"
+import "C"
+
 import (
 	"net"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +20,9 @@ import (
 var fault struct {
 	mu      sync.Mutex
 	op      WCOpcode
-	err     error       // armed: the next poll finding op fails with it
+	err     error    // armed: the next poll finding op fails with it
+	failOp  WCOpcode // armed with failAs: the next completion of failOp fails
+	failAs  WCStatus
 	stashed map[*CQ]int // completions a failed poll left for the next
 	refuse  *refusal    // armed: the next post holding it refuses it
 	event   repeated    // armed: reads of a pending CQ event fail
@@ -86,6 +92,17 @@ func FailNextPollFinding(op WCOpcode, err error) {
 	fault.op, fault.err = op, err
 }
 
+// FailNextCompletion makes the next successful completion of op that a
+// PollRetry finds, on any CQ of the process, report status instead, as a
+// device reports a request it could not carry out. The queue pair is not
+// moved to the error state: what the library does next is what is tested.
+// WCSuccess disarms it.
+func FailNextCompletion(op WCOpcode, status WCStatus) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.failOp, fault.failAs = op, status
+}
+
 // stashedPoll returns the completions a failed poll of cq left, if any.
 func (cq *CQ) stashedPoll() (int, bool) {
 	fault.mu.Lock()
@@ -97,9 +114,21 @@ func (cq *CQ) stashedPoll() (int, bool) {
 
 // injectedFault fails the poll that found n completions on cq, if the
 // armed fault is for the first one's opcode; it keeps them for the next.
+// Before that, it gives the first of them that FailNextCompletion names
+// its status.
 func (cq *CQ) injectedFault(n int) error {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
+	if fault.failAs != WCSuccess {
+		wcs := unsafe.Slice(cq.wcs, n)
+		for i := range wcs {
+			if WCOpcode(wcs[i].opcode) == fault.failOp && WCStatus(wcs[i].status) == WCSuccess {
+				wcs[i].status = C.uint32_t(fault.failAs)
+				fault.failAs = WCSuccess
+				break
+			}
+		}
+	}
 	if fault.err == nil || n == 0 || cq.At(0).Opcode != fault.op {
 		return nil
 	}
