@@ -176,6 +176,7 @@ func disarmDeviceFaults() {
 	verbs.FailNextDisconnect(nil)
 	verbs.FailIPv6Listens(nil)
 	verbs.FailNextCompletion(0, verbs.WCSuccess)
+	verbs.HoldCompletions(0, false)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
@@ -497,6 +498,61 @@ func TestInjectedSendFailureEndsDatagramWrites(t *testing.T) {
 	_, _, err := srv.ReadFrom(make([]byte, 64))
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after the failure arrived")
 	sendDatagram(t, srv, from, cli, "reads go on")
+}
+
+// TestInjectedHeldSendsBlockDatagramWrites: a writer that finds every
+// send slot in flight waits for one (the device made to hold back the
+// send completions, make test-faults), until its write deadline, which
+// fails it with os.ErrDeadlineExceeded and sends nothing; once the
+// completions come, a write with the deadline moved on sends again; and
+// Close wakes a writer that waits, with net.ErrClosed.
+func TestInjectedHeldSendsBlockDatagramWrites(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(2))
+	if srv == nil {
+		return
+	}
+	t.Cleanup(disarmDeviceFaults)
+	verbs.HoldCompletions(verbs.WCSend, true)
+	write := func(p string) error {
+		_, err := cli.WriteTo([]byte(p), to)
+		return err
+	}
+	require.NoError(t, write("1"))
+	require.NoError(t, write("2"))
+	require.NoError(t, cli.SetWriteDeadline(time.Now().Add(300*time.Millisecond)))
+	start := time.Now()
+	err := write("3")
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "the write did not wait for a slot")
+	require.EqualValues(t, 2, cli.Stats().DatagramsSent)
+
+	verbs.HoldCompletions(verbs.WCSend, false)
+	require.NoError(t, cli.SetWriteDeadline(time.Time{}))
+	require.NoError(t, write("3"))
+	verbs.HoldCompletions(verbs.WCSend, true)
+	require.NoError(t, write("4"))
+	wrote := make(chan error, 1)
+	go func() { wrote <- write("5") }()
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write went on with every slot in flight: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, cli.Close())
+	require.ErrorIs(t, <-wrote, net.ErrClosed)
+
+	buf := make([]byte, 8)
+	for _, want := range []string{"1", "2", "3", "4"} {
+		require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
+		n, _, err := srv.ReadFrom(buf)
+		require.NoError(t, err)
+		require.Equal(t, want, string(buf[:n]))
+	}
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err = srv.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after its deadline, or after Close, arrived")
 }
 
 // TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's

@@ -23,6 +23,8 @@ var fault struct {
 	err     error    // armed: the next poll finding op fails with it
 	failOp  WCOpcode // armed with failAs: the next completion of failOp fails
 	failAs  WCStatus
+	hold    WCOpcode // with holding: polls finding hold keep what they found
+	holding bool
 	stashed map[*CQ]int // completions a failed poll left for the next
 	refuse  *refusal    // armed: the next post holding it refuses it
 	event   repeated    // armed: reads of a pending CQ event fail
@@ -103,22 +105,57 @@ func FailNextCompletion(op WCOpcode, status WCStatus) {
 	fault.failOp, fault.failAs = op, status
 }
 
-// stashedPoll returns the completions a failed poll of cq left, if any.
+// HoldCompletions, with hold set, makes every PollRetry, on any CQ of
+// the process, whose first completion is an op keep what it found and
+// return nothing, as a device that has not carried out those requests
+// yet; such a CQ is not polled again while they are held. With hold
+// false, the next PollRetry of each such CQ returns them.
+func HoldCompletions(op WCOpcode, hold bool) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.hold, fault.holding = op, hold
+}
+
+// stashedPoll returns the completions a failed poll of cq left, if any,
+// or none while completions are held.
 func (cq *CQ) stashedPoll() (int, bool) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
 	n, ok := fault.stashed[cq]
+	if ok && fault.holding {
+		return 0, true
+	}
 	delete(fault.stashed, cq)
 	return n, ok
+}
+
+// forgetStash drops what cq's polls left, as it is destroyed.
+func (cq *CQ) forgetStash() {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	delete(fault.stashed, cq)
+}
+
+// stash keeps the n completions cq's poll found for a later poll. fault.mu
+// is held.
+func (cq *CQ) stash(n int) {
+	if fault.stashed == nil {
+		fault.stashed = map[*CQ]int{}
+	}
+	fault.stashed[cq] = n
 }
 
 // injectedFault fails the poll that found n completions on cq, if the
 // armed fault is for the first one's opcode; it keeps them for the next.
 // Before that, it gives the first of them that FailNextCompletion names
-// its status.
-func (cq *CQ) injectedFault(n int) error {
+// its status. It returns how many the poll returns: none if they are held.
+func (cq *CQ) injectedFault(n int) (int, error) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
+	if fault.holding && n > 0 && cq.At(0).Opcode == fault.hold {
+		cq.stash(n)
+		return 0, nil
+	}
 	if fault.failAs != WCSuccess {
 		wcs := unsafe.Slice(cq.wcs, n)
 		for i := range wcs {
@@ -130,15 +167,12 @@ func (cq *CQ) injectedFault(n int) error {
 		}
 	}
 	if fault.err == nil || n == 0 || cq.At(0).Opcode != fault.op {
-		return nil
+		return n, nil
 	}
 	err := fault.err
 	fault.err = nil
-	if fault.stashed == nil {
-		fault.stashed = map[*CQ]int{}
-	}
-	fault.stashed[cq] = n
-	return err
+	cq.stash(n)
+	return 0, err
 }
 
 // FailNextPost makes the next Post, on any queue pair of the process, that

@@ -6,7 +6,8 @@ package verbs
 // (fault.go); here the hooks do nothing and compile away.
 
 func (cq *CQ) stashedPoll() (int, bool)                { return 0, false }
-func (cq *CQ) injectedFault(n int) error               { return nil }
+func (cq *CQ) injectedFault(n int) (int, error)        { return n, nil }
+func (cq *CQ) forgetStash()                            {}
 func (ch *CompChannel) injectedFault() error           { return nil }
 func (c *EventChannel) injectedFault() error           { return nil }
 func injectedDisconnectFault() error                   { return nil }

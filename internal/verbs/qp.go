@@ -259,10 +259,7 @@ func (cq *CQ) PollRetry(retries int) (int, error) {
 	if n < 0 {
 		return 0, retErrno("ibv_poll_cq", n)
 	}
-	if err := cq.injectedFault(int(n)); err != nil {
-		return 0, err
-	}
-	return int(n), nil
+	return cq.injectedFault(int(n))
 }
 
 // Batch is the most completions one Poll returns; a Poll that returns
@@ -283,6 +280,7 @@ func (cq *CQ) Destroy() error {
 	if ret := C.ibv_destroy_cq(cq.p); ret != 0 {
 		return retErrno("ibv_destroy_cq", ret)
 	}
+	cq.forgetStash()
 	C.free(unsafe.Pointer(cq.wcs))
 	return nil
 }
