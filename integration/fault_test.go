@@ -555,6 +555,61 @@ func TestInjectedHeldSendsBlockDatagramWrites(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after its deadline, or after Close, arrived")
 }
 
+// TestInjectedRefusedDatagramLosesNothing: when the device refuses the
+// second datagram of a WriteBatch of three (injected, make test-faults),
+// WriteBatch returns 1 and the device's error; the refused datagrams'
+// send slots go back at once, so the next batch of three goes in one
+// post; Stats counts only what was posted; and the receiver gets every
+// datagram written once, in order.
+func TestInjectedRefusedDatagramLosesNothing(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(3))
+	if srv == nil {
+		return
+	}
+	t.Cleanup(disarmDeviceFaults)
+	batch := func(ps ...string) []dgram.Message {
+		ms := make([]dgram.Message, len(ps))
+		for i, p := range ps {
+			ms[i] = dgram.Message{Buf: []byte(p), Addr: to}
+		}
+		return ms
+	}
+	verbs.FailNextPost(false, 1, syscall.ENOMEM)
+	n, err := cli.WriteBatch(batch("a", "b", "c"))
+	require.ErrorIs(t, err, syscall.ENOMEM)
+	require.Equal(t, 1, n, "datagrams sent before the refused one")
+	st := cli.Stats()
+	require.EqualValues(t, 1, st.DatagramsSent)
+	require.EqualValues(t, 1, st.Posts)
+
+	n, err = cli.WriteBatch(batch("b", "c"))
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	// Once the sends so far complete (on rxe, within their post), all
+	// three slots are free: a slot the refusal kept would split the next
+	// batch in two posts.
+	time.Sleep(200 * time.Millisecond)
+	n, err = cli.WriteBatch(batch("d", "e", "f"))
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	st = cli.Stats()
+	require.EqualValues(t, 6, st.DatagramsSent)
+	require.EqualValues(t, 3, st.Posts, "the batch of three after the refusal took more than one post")
+
+	buf := make([]byte, 8)
+	for _, want := range []string{"a", "b", "c", "d", "e", "f"} {
+		require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
+		n, _, err := srv.ReadFrom(buf)
+		require.NoError(t, err)
+		require.Equal(t, want, string(buf[:n]))
+	}
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err = srv.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a refused datagram arrived")
+}
+
 // TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's
 // CM events fails (made to fail once, make test-faults: the read of the
 // event that ends the first step of a Resolve), that Resolve and every
