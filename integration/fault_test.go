@@ -494,9 +494,7 @@ func TestInjectedSendFailureEndsDatagramWrites(t *testing.T) {
 		require.NotErrorIs(t, err, net.ErrClosed, p)
 	}
 	require.EqualValues(t, 1, cli.Stats().DatagramsSent, "a write after the failure sent a datagram")
-	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, _, err := srv.ReadFrom(make([]byte, 64))
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after the failure arrived")
+	requireReceivedExactly(t, srv)
 	sendDatagram(t, srv, from, cli, "reads go on")
 }
 
@@ -543,16 +541,23 @@ func TestInjectedHeldSendsBlockDatagramWrites(t *testing.T) {
 	require.NoError(t, cli.Close())
 	require.ErrorIs(t, <-wrote, net.ErrClosed)
 
-	buf := make([]byte, 8)
-	for _, want := range []string{"1", "2", "3", "4"} {
-		require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
-		n, _, err := srv.ReadFrom(buf)
+	requireReceivedExactly(t, srv, "1", "2", "3", "4")
+}
+
+// requireReceivedExactly reads the datagrams want from c, in order, and
+// then finds no other for 300 ms.
+func requireReceivedExactly(t *testing.T, c *dgram.Conn, want ...string) {
+	t.Helper()
+	buf := make([]byte, 64)
+	for _, w := range want {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+		n, _, err := c.ReadFrom(buf)
 		require.NoError(t, err)
-		require.Equal(t, want, string(buf[:n]))
+		require.Equal(t, w, string(buf[:n]))
 	}
-	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, _, err = srv.ReadFrom(buf)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram written after its deadline, or after Close, arrived")
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err := c.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram arrived after %q", want)
 }
 
 // TestInjectedRefusedDatagramLosesNothing: when the device refuses the
@@ -598,16 +603,7 @@ func TestInjectedRefusedDatagramLosesNothing(t *testing.T) {
 	require.EqualValues(t, 6, st.DatagramsSent)
 	require.EqualValues(t, 3, st.Posts, "the batch of three after the refusal took more than one post")
 
-	buf := make([]byte, 8)
-	for _, want := range []string{"a", "b", "c", "d", "e", "f"} {
-		require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
-		n, _, err := srv.ReadFrom(buf)
-		require.NoError(t, err)
-		require.Equal(t, want, string(buf[:n]))
-	}
-	require.NoError(t, srv.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, _, err = srv.ReadFrom(buf)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a refused datagram arrived")
+	requireReceivedExactly(t, srv, "a", "b", "c", "d", "e", "f")
 }
 
 // TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's
