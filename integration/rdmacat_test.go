@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,3 +157,48 @@ func TestRdmacatStopsWhileItsInputIsIdle(t *testing.T) {
 		return now["mr"] == before["mr"] && now["pd"] == before["pd"]
 	}, 10*time.Second, 50*time.Millisecond, "the memory rdmacat's left read held was not freed after the read returned")
 }
+
+// TestRdmacatReceiveOnly: with -d, rdmacat reads no standard input: its
+// peer reads io.EOF at once, and rdmacat exits 0 when the peer's data
+// ends, its output holding that data, though its input never ended.
+func TestRdmacatReceiveOnly(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	stdin, neverWritten := io.Pipe()
+	defer neverWritten.Close()
+	var read atomic.Bool
+	var out, errs bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- rdmacat.Main(ctx, []string{"-d", l.Addr().String()},
+			readerFunc(func(p []byte) (int, error) { read.Store(true); return stdin.Read(p) }), &out, &errs)
+	}()
+	c, err := l.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, err := c.Read(make([]byte, 1))
+	require.Equal(t, 0, n)
+	require.ErrorIs(t, err, io.EOF, "rdmacat -d did not half-close at once")
+	data := make([]byte, 1<<20)
+	pattern(data, 3)
+	_, err = c.Write(data)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	select {
+	case got := <-code:
+		require.Equal(t, 0, got, "rdmacat: %s", errs.String())
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "rdmacat -d waited after its peer's end of data")
+	}
+	require.True(t, bytes.Equal(data, out.Bytes()), "got %d bytes of %d", out.Len(), len(data))
+	require.False(t, read.Load(), "rdmacat -d read its standard input")
+}
+
+// readerFunc is an io.Reader made of a function.
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }

@@ -1,16 +1,18 @@
 // Command rdmacat is netcat over RDMA: standard input to an rdmanet
 // connection, the connection to standard output.
 //
-//	rdmacat -l 10.0.0.1:7000 < /dev/null > copy.iso   # receive
-//	rdmacat -p 10.0.0.1:7000 < disk.iso               # send, with a progress line
+//	rdmacat -l -d 10.0.0.1:7000 > copy.iso   # receive only
+//	rdmacat -p 10.0.0.1:7000 < disk.iso      # send, with a progress line
 //
 // At the end of its input it half-closes, so the peer sees end of file,
 // and it exits once the peer has half-closed too. Both inputs must end,
 // then: a receiving side that reads a terminal keeps the connection, and
-// so the sender, open until end of input is typed there (hence /dev/null
-// above, as with netcat). An interrupt or a failed connection ends it at
-// once, even while its input gives nothing. The other side may be another
-// rdmacat or any program using package rdmanet.
+// so the sender, open until end of input is typed there. -d reads no
+// input, as OpenBSD's nc -d does, so a receiver ends with its sender
+// (as does redirecting its input from /dev/null). An interrupt or a
+// failed connection ends it at once, even while its input gives nothing.
+// The other side may be another rdmacat or any program using package
+// rdmanet.
 package main
 
 import (

@@ -15,12 +15,13 @@ import (
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
-const usage = `usage: rdmacat [-p] [-v] host:port       connect
-       rdmacat -l [-p] [-v] host:port    listen, serve one connection
+const usage = `usage: rdmacat [-d] [-p] [-v] host:port       connect
+       rdmacat -l [-d] [-p] [-v] host:port    listen, serve one connection
 
 Standard input goes to the connection and the connection to standard
 output. At the end of standard input rdmacat half-closes (the peer reads
-io.EOF) and goes on reading until the peer closes too.
+io.EOF) and goes on reading until the peer closes too. With -d it reads
+no standard input and half-closes at once: it only receives.
 `
 
 // Main runs rdmacat with args (without the program name) and returns its
@@ -33,6 +34,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	listen := fs.Bool("l", false, "listen on host:port and serve one connection")
 	progress := fs.Bool("p", false, "show bytes and rates on stderr, every second and at the end")
 	verbose := fs.Bool("v", false, "say on stderr where it listens and whom it is connected to")
+	noStdin := fs.Bool("d", false, "do not read standard input: half-close at once and only receive")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -41,6 +43,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		return 2
 	}
 	addr := fs.Arg(0)
+	if *noStdin {
+		stdin = eof{}
+	}
 	logf := func(format string, a ...any) {
 		if *verbose {
 			fmt.Fprintf(stderr, "rdmacat: "+format+"\n", a...)
@@ -152,6 +157,11 @@ func receive(conn *rdmanet.Conn, stdout io.Writer, c *counters) error {
 	}
 	return nil
 }
+
+// eof is standard input under -d: it ends at once.
+type eof struct{}
+
+func (eof) Read([]byte) (int, error) { return 0, io.EOF }
 
 // counters are the bytes moved each way.
 type counters struct{ sent, received atomic.Int64 }
