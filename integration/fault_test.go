@@ -316,6 +316,61 @@ func TestInjectedRefusedPostEndsAMsgConn(t *testing.T) {
 	checkFaultEnded(t, ctx, client, server, injected)
 }
 
+// TestInjectedBufferWaitGivesItsCreditBack: a msg send takes a credit,
+// then a send buffer. One that waits for a buffer until its context ends
+// (the device made to hold back send completions, make test-faults, so
+// that the client's few buffers stay in flight) fails with the context's
+// error, not the error of a credit wait, and gives the credit back: once
+// the completions come, the client still sends, to a server that reads
+// nothing, its whole receive depth less the credits kept back for the
+// control loop, and then waits for a credit. The server reads every
+// message once, in order, and the client the one the server sent.
+func TestInjectedBufferWaitGivesItsCreditBack(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const clientDepth, serverDepth, reserve = 6, 16, 3
+	quiet := msg.WithKeepalive(0, 0)
+	// The client's receive depth is its number of send buffers.
+	client, server, _ := unevenMsgPair(t, ctx, []msg.Option{msg.WithRecvDepth(serverDepth), quiet},
+		[]msg.Option{msg.WithRecvDepth(clientDepth), quiet})
+
+	t.Cleanup(disarmDeviceFaults)
+	// sendFrom sends the messages from, from+1, ... until one fails or
+	// most have gone; it returns how many have gone and the failure.
+	sendFrom := func(from, most int) (int, error) {
+		for ; from < most; from++ {
+			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err := client.Send(ctx, []byte(strconv.Itoa(from)))
+			cancel()
+			if err != nil {
+				return from, err
+			}
+		}
+		return from, nil
+	}
+	verbs.HoldCompletions(verbs.WCSend, true)
+	sent, err := sendFrom(0, clientDepth+1)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "more sends than send buffers, none back")
+	require.NotContains(t, err.Error(), "credit", "the send waited for a buffer")
+	verbs.HoldCompletions(verbs.WCSend, false)
+	// The held completions were taken from the CQ, so none raises the
+	// event that would wake the client's endpoint: a message from the
+	// server does, as a device's completions would.
+	require.NoError(t, server.Send(ctx, []byte("wake")))
+	sent, err = sendFrom(sent, serverDepth+1)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "more messages than the server's receives")
+	require.ErrorContains(t, err, "no credit")
+	require.Equal(t, serverDepth-reserve, sent, "messages sent before the credits ran out")
+	for i := range sent {
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, strconv.Itoa(i), string(got))
+	}
+	got, err := client.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "wake", string(got))
+}
+
 // quietMsgPair is a msg connection without keepalives on which each side
 // has spoken once, so that nothing else is on its way: a fault armed next
 // meets the message the test sends.

@@ -30,7 +30,14 @@ import (
 // msgPair is a connected msg client and server conn.
 func msgPair(t testing.TB, ctx context.Context, opts ...msg.Option) (*msg.Conn, *msg.Conn, *msg.Listener) {
 	t.Helper()
-	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
+	return unevenMsgPair(t, ctx, opts, opts)
+}
+
+// unevenMsgPair is msgPair with the listener's options and the dialer's
+// apart.
+func unevenMsgPair(t testing.TB, ctx context.Context, listenOpts, dialOpts []msg.Option) (*msg.Conn, *msg.Conn, *msg.Listener) {
+	t.Helper()
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), listenOpts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	got := make(chan *msg.Conn, 1)
@@ -41,7 +48,7 @@ func msgPair(t testing.TB, ctx context.Context, opts ...msg.Option) (*msg.Conn, 
 		}
 		got <- c
 	}()
-	client, err := msg.Dial(ctx, l.Addr().String(), opts...)
+	client, err := msg.Dial(ctx, l.Addr().String(), dialOpts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { client.Close() })
 	server := <-got
