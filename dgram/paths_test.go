@@ -116,3 +116,38 @@ func TestPeerCacheMakesHandlesOnWrite(t *testing.T) {
 func learn(pc *pathCache, k gidKey, done func() uint64) {
 	pc.learn(k, &verbs.WC{}, make([]byte, verbs.GRHSize), done)
 }
+
+// TestResolvingALearntPeerPinsItsPath: a peer learnt from its datagram and
+// then resolved keeps one path, now pinned and no longer counted against
+// the bound, so that the next sender learnt evicts nothing. The path
+// takes Resolve's handle if no write had made one, and otherwise keeps
+// its own, which sends in flight may name.
+func TestResolvingALearntPeerPinsItsPath(t *testing.T) {
+	var pc pathCache
+	pc.init(1, func(*verbs.Sender) (*verbs.AH, error) { return &verbs.AH{}, nil })
+	none := func() uint64 { return 0 }
+	key := func(i int) gidKey { return keyOf(net.IPv4(10, 0, 0, byte(i))) }
+
+	learn(&pc, key(1), none)
+	resolved := &verbs.AH{}
+	pc.pin(key(1), resolved)
+	if p := pc.paths[key(1)]; !p.pinned || p.ah != resolved || p.sender != nil {
+		t.Fatalf("a learnt path without a handle, resolved: %+v; want it pinned with Resolve's handle", p)
+	}
+
+	learn(&pc, key(2), none)
+	written, err := pc.lookup(key(2), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownAH := written.ah
+	pc.pin(key(2), &verbs.AH{})
+	if p := pc.paths[key(2)]; !p.pinned || p.ah != ownAH {
+		t.Fatalf("a learnt path written to, resolved: %+v; want it pinned with its own handle", p)
+	}
+	if pc.learnt != 0 {
+		t.Fatalf("%d learnt paths counted, want none: both were resolved", pc.learnt)
+	}
+	learn(&pc, key(3), none)
+	requireCached(t, &pc, []int{1, 2, 3}, nil)
+}
