@@ -93,3 +93,36 @@ func TestListenerNotMadeIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// Every connection option refuses a value out of its range with
+// ErrInvalid before anything is created, and the error names the value.
+func TestOptionsOutOfRangeAreRefused(t *testing.T) {
+	for want, opt := range map[string]Option{
+		"inline size -1":        WithInline(-1),
+		"poll mode 9":           WithPolling(endpoint.PollMode(9), 0),
+		"spin 1ms with poll":    WithPolling(endpoint.PollEvent, time.Millisecond),
+		"spin -1ns with poll":   WithPolling(endpoint.PollHybrid, -1),
+		"RNR retry count 8":     WithRNRRetry(8),
+		"RNR retry count -1":    WithRNRRetry(-1),
+		"RNR timer 656ms":       WithRNRTimer(656 * time.Millisecond),
+		"RNR timer -1ns":        WithRNRTimer(-1),
+		"nil protection domain": WithPD(nil),
+		"ack timeout 0s":        WithAckTimeout(0),
+		"ack timeout 3h0m0s":    WithAckTimeout(3 * time.Hour),
+	} {
+		_, err := newDialOptions([]DialOption{opt})
+		if !errors.Is(err, endpoint.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Dial's options gave %v, want ErrInvalid naming it", want, err)
+		}
+		_, err = newListenOptions([]ListenOption{opt})
+		if !errors.Is(err, endpoint.ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Listen's options gave %v, want ErrInvalid naming it", want, err)
+		}
+	}
+	for _, depth := range []int{0, -1} {
+		_, err := Listen(context.Background(), "127.0.0.1:0", WithSharedReceiveQueue(depth))
+		if !errors.Is(err, endpoint.ErrInvalid) {
+			t.Errorf("WithSharedReceiveQueue(%d): %v, want ErrInvalid", depth, err)
+		}
+	}
+}
