@@ -322,30 +322,24 @@ func (cl *Client) response(method string, m arrival) ([]byte, error) {
 	return append([]byte(nil), m.payload...), nil
 }
 
+// conn is the client's connection: nil for a Client not made on one,
+// whose accessors then answer as a nil Conn's do.
+func (cl *Client) conn() *Conn {
+	if cl == nil {
+		return nil
+	}
+	return cl.c
+}
+
 // PD is the protection domain of the client's connection: register the
 // regions CallRegion lends in it.
-func (cl *Client) PD() *bufpool.PD {
-	if !cl.made() {
-		return nil
-	}
-	return cl.c.PD()
-}
+func (cl *Client) PD() *bufpool.PD { return cl.conn().PD() }
 
 // LocalAddr is this side's address of the client's connection.
-func (cl *Client) LocalAddr() net.Addr {
-	if !cl.made() {
-		return nil
-	}
-	return cl.c.LocalAddr()
-}
+func (cl *Client) LocalAddr() net.Addr { return cl.conn().LocalAddr() }
 
 // RemoteAddr is the server's address.
-func (cl *Client) RemoteAddr() net.Addr {
-	if !cl.made() {
-		return nil
-	}
-	return cl.c.RemoteAddr()
-}
+func (cl *Client) RemoteAddr() net.Addr { return cl.conn().RemoteAddr() }
 
 // Close closes the connection; calls in flight return errors.
 func (cl *Client) Close() error {
