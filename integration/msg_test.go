@@ -1117,6 +1117,36 @@ func TestRPCConcurrentCallers(t *testing.T) {
 	stop()
 }
 
+// TestRPCClientEndsOnAMessageThatIsNoResponse: a Client whose peer is no
+// Server and answers a call with a plain message (a msg Conn's Send)
+// ends its connection with ErrMalformed: the call waiting fails with it
+// at once, and so do the connection's Err and the next call; the peer's
+// connection ends too, and nothing hangs or leaks.
+func TestRPCClientEndsOnAMessageThatIsNoResponse(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	conn, peer, _ := msgPair(t, ctx)
+	cl := msg.NewClient(conn)
+	called := make(chan error, 1)
+	go func() {
+		_, err := cl.Call(ctx, "m", []byte("request"))
+		called <- err
+	}()
+	req, err := peer.Recv(ctx)
+	require.NoError(t, err)
+	require.Contains(t, string(req), "request")
+	require.NoError(t, peer.Send(ctx, []byte("no response")))
+
+	err = <-called
+	require.ErrorIs(t, err, msg.ErrMalformed)
+	require.ErrorIs(t, conn.Err(), msg.ErrMalformed)
+	_, err = cl.Call(ctx, "m", nil)
+	require.ErrorIs(t, err, msg.ErrMalformed)
+	_, err = peer.Recv(ctx)
+	require.ErrorIs(t, err, msg.ErrClosed, "the client's side ended the connection")
+	require.NoError(t, cl.Close())
+}
+
 func TestRPCErrorsDeadlinesAndLargeCalls(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
