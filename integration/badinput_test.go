@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -195,15 +196,7 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 		if len(input) == 0 || len(input) > 4096 {
 			continue // a receive of 0 bytes carries nothing to decode; >4096 cannot be one message
 		}
-		accepted := make(chan *msg.Conn, 1)
-		go func() {
-			c, _ := l.Accept(ctx)
-			accepted <- c
-		}()
-		raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
-		require.NoError(t, err)
-		srv := <-accepted
-		require.NotNil(t, srv)
+		raw, srv := rawMsgPeer(t, ctx, l)
 		pool, err := bufpool.New(raw.PD(), bufpool.Size(4096), bufpool.Count(1))
 		require.NoError(t, err)
 		b, _ := pool.TryGet()
@@ -238,7 +231,31 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 	}
 	t.Logf("%d corpus inputs replayed, %d malformed ones each closed their connection", len(corpus), malformed)
 	require.Positive(t, malformed)
-	require.NoError(t, func() error { // the listener still serves
+	requireListenerServes(t, ctx, l)
+}
+
+// rawMsgPeer dials l from a raw cm endpoint passing for a msg peer
+// (msgHello) and returns it with the connection l accepted; the caller
+// closes both.
+func rawMsgPeer(t *testing.T, ctx context.Context, l *msg.Listener) (*endpoint.Endpoint, *msg.Conn) {
+	t.Helper()
+	accepted := make(chan *msg.Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctx)
+		accepted <- c
+	}()
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
+	require.NoError(t, err)
+	srv := <-accepted
+	require.NotNil(t, srv)
+	return raw, srv
+}
+
+// requireListenerServes checks that l still accepts a msg client and
+// delivers its message.
+func requireListenerServes(t *testing.T, ctx context.Context, l *msg.Listener) {
+	t.Helper()
+	require.NoError(t, func() error {
 		accepted := make(chan *msg.Conn, 1)
 		go func() {
 			c, _ := l.Accept(ctx)
@@ -256,7 +273,67 @@ func TestFuzzCorpusOverTheWire(t *testing.T) {
 		}
 		_, err = srv.Recv(ctx)
 		return err
-	}())
+	}(), "the listener no longer serves")
+}
+
+// TestRendezvousFromABadRegionEndsTheConnection: a peer that offers a
+// message by rendezvous in a region the receiver cannot read (a raw cm
+// endpoint passing for a msg peer, naming an rkey nobody registered)
+// ends that connection and only that one: the receiver's Recv fails with
+// the failed read (a remote access error; on iWARP the peer's device
+// ends the connection instead, and the read is flushed), which matches
+// ErrClosed and not net.ErrClosed, the receiver disconnects, and its
+// listener serves the next client. Nothing leaks.
+func TestRendezvousFromABadRegionEndsTheConnection(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	raw, srv := rawMsgPeer(t, ctx, l)
+	defer srv.Close()
+	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(t, err)
+	defer pool.Close()
+
+	// The offer: a header, then the rendezvous info (msg/frame.go).
+	const infoSize, length = 28, 4096
+	b, _ := pool.TryGet()
+	h := msg.Header{Type: msg.TypeRendezvous, Flags: msg.FlagRendezvous, ID: 1, Length: infoSize}
+	h.Encode(b.Bytes())
+	info := b.Bytes()[msg.HeaderSize:]
+	info[0] = byte(msg.TypeData)
+	binary.LittleEndian.PutUint64(info[4:], 1)         // the rendezvous id
+	binary.LittleEndian.PutUint64(info[12:], 1<<20)    // the region's address
+	binary.LittleEndian.PutUint32(info[20:], 0x5a5a5a) // its rkey
+	binary.LittleEndian.PutUint32(info[24:], length)
+	require.NoError(t, raw.PostSend(nil, b, msg.HeaderSize+infoSize))
+	sent := next(t, raw).Err
+
+	_, err = srv.Recv(ctx)
+	t.Logf("the receiver's Recv: %v", err)
+	require.ErrorContains(t, err, "reading a 4096-byte rendezvous")
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed)
+	if !rxetest.IWARP() { // iWARP's responder ends the stream: the read is flushed
+		var ce *endpoint.CompletionError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
+	}
+	select {
+	case <-raw.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the receiver did not disconnect")
+	}
+	// The receiver may disconnect before the device acknowledges the
+	// offer, which then comes back flushed; the failed read is the proof
+	// of delivery.
+	if sent != nil {
+		require.ErrorIs(t, sent, endpoint.ErrClosed)
+	}
+	closeAndDrain(t, raw)
+	require.NoError(t, pool.Put(b))
+	requireListenerServes(t, ctx, l)
 }
 
 // readFuzzCorpus reads Go fuzz corpus files holding one []byte each.
