@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
@@ -353,4 +354,58 @@ func readFuzzCorpus(t *testing.T, dir string) [][]byte {
 		out = append(out, []byte(s))
 	}
 	return out
+}
+
+// TestRPCServerEndsAConnOnAMalformedRequest: a request whose method is
+// missing or runs past its payload (sent by a raw cm endpoint passing for
+// a msg client) ends that connection and only that one: the sender's
+// endpoint ends, the Server forgets the connection, and a good client's
+// calls go on before and after. Nothing leaks.
+func TestRPCServerEndsAConnOnAMalformedRequest(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	// No keepalives: the raw peer posts no receive, and the server's
+	// keepalive would end the connection too, within seconds.
+	cl, s, stop := rpcClient(t, ctx, msg.WithKeepalive(0, 0))
+	defer stop()
+	echo := func(p string) {
+		t.Helper()
+		got, err := cl.Call(ctx, "echo", []byte(p))
+		require.NoError(t, err)
+		require.Equal(t, p, string(got))
+	}
+	echo("before")
+	for name, payload := range map[string][]byte{
+		"no payload":            nil,
+		"an empty method":       {0, 'x'},
+		"a method past its end": {5, 'e', 'c'},
+	} {
+		raw, err := cm.Dial(ctx, cl.RemoteAddr().String(), msgHello(t))
+		require.NoError(t, err, name)
+		pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
+		require.NoError(t, err)
+		b, _ := pool.TryGet()
+		h := msg.Header{Type: msg.TypeRequest, ID: 1, Length: uint32(len(payload))}
+		h.Encode(b.Bytes())
+		copy(b.Bytes()[msg.HeaderSize:], payload)
+		require.NoError(t, raw.PostSend(nil, b, msg.HeaderSize+len(payload)))
+		sent := next(t, raw).Err
+		select {
+		case <-raw.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the server kept the connection", name)
+		}
+		// The server may disconnect before the device acknowledges the
+		// request, which then comes back flushed.
+		if sent != nil {
+			require.ErrorIs(t, sent, endpoint.ErrClosed, name)
+		}
+		closeAndDrain(t, raw)
+		require.NoError(t, pool.Put(b))
+		require.NoError(t, pool.Close())
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Len(c, s.Stats().Conns, 1, "connections the server keeps")
+		}, 10*time.Second, 10*time.Millisecond, name)
+	}
+	echo("after")
 }
