@@ -326,7 +326,10 @@ func WithReadDepth(n int) Option {
 
 // WithPD makes the connection share pd (another endpoint's PD()), so that
 // pools and regions on it serve both. By default every connection has a
-// protection domain of its own, and its peer can reach nothing else.
+// protection domain of its own, and its peer can reach nothing else. A PD
+// its opener has closed (bufpool.PD.Close) makes no more connections: a
+// listener given it then fails each Accept with ErrInvalid and refuses the
+// dialer.
 func WithPD(pd *bufpool.PD) Option {
 	return func(o *connOptions) {
 		if pd == nil {
