@@ -1435,8 +1435,9 @@ func TestMsgCloseWhileThePeerReads(t *testing.T) {
 // TestMsgCloseWrite: a half-close. The client sends, then CloseWrite: the
 // server reads every message, then io.EOF (again on the next call), and
 // still sends replies the client reads, more than the client's receive
-// depth so that credits must keep flowing both ways; the client's sends
-// fail with ErrWriteClosed on a connection that is still up.
+// depth so that credits must keep flowing both ways; the client's sends,
+// by rendezvous and from a region lent too, fail with ErrWriteClosed on a
+// connection that is still up.
 //
 // Keepalives are off, so nothing but the credit rule moves credits: the
 // client receives only replies and credit messages, and the server, left
@@ -1454,6 +1455,12 @@ func TestMsgCloseWrite(t *testing.T) {
 	require.NoError(t, client.CloseWrite())
 	require.NoError(t, client.CloseWrite(), "idempotent")
 	require.ErrorIs(t, client.Send(ctx, []byte("late")), msg.ErrWriteClosed)
+	big := make([]byte, client.MaxInline()+1)
+	require.ErrorIs(t, client.Send(ctx, big), msg.ErrWriteClosed, "a message sent by rendezvous")
+	region, err := bufpool.NewRegion(client.PD(), len(big), bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	require.ErrorIs(t, client.SendRegion(ctx, region, len(big)), msg.ErrWriteClosed, "a region lent")
 	for i := range 2 {
 		got, err := server.Recv(ctx)
 		require.NoError(t, err)
@@ -1480,7 +1487,7 @@ func TestMsgCloseWrite(t *testing.T) {
 	require.NoError(t, client.Err())
 	require.NoError(t, server.Err())
 	require.NoError(t, server.Close())
-	_, err := server.Recv(ctx)
+	_, err = server.Recv(ctx)
 	require.ErrorIs(t, err, net.ErrClosed, "after this side's Close, not the peer's end of data (io.EOF)")
 }
 
