@@ -534,14 +534,11 @@ func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 // slot, the second write is the one that must reclaim the first's and so
 // sees its failure.
 func TestInjectedSendFailureEndsDatagramWrites(t *testing.T) {
-	ctx := testContext(t)
-	rxetest.CheckResources(t)
-	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(1))
+	srv, cli, to := faultedDgramPair(t, 1)
 	if srv == nil {
 		return
 	}
 	verbs.FailNextCompletion(verbs.WCSend, verbs.WCLocQPOpErr)
-	t.Cleanup(disarmDeviceFaults)
 	from := sendDatagram(t, cli, to, srv, "posted; its completion fails")
 	for _, p := range []string{"the write that sees the failure", "a write after it"} {
 		_, err := cli.WriteTo([]byte(p), to)
@@ -560,13 +557,10 @@ func TestInjectedSendFailureEndsDatagramWrites(t *testing.T) {
 // completions come, a write with the deadline moved on sends again; and
 // Close wakes a writer that waits, with net.ErrClosed.
 func TestInjectedHeldSendsBlockDatagramWrites(t *testing.T) {
-	ctx := testContext(t)
-	rxetest.CheckResources(t)
-	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(2))
+	srv, cli, to := faultedDgramPair(t, 2)
 	if srv == nil {
 		return
 	}
-	t.Cleanup(disarmDeviceFaults)
 	verbs.HoldCompletions(verbs.WCSend, true)
 	write := func(p string) error {
 		_, err := cli.WriteTo([]byte(p), to)
@@ -599,6 +593,19 @@ func TestInjectedHeldSendsBlockDatagramWrites(t *testing.T) {
 	requireReceivedExactly(t, srv, "1", "2", "3", "4")
 }
 
+// faultedDgramPair is resolvedDgramPair for a device-fault test: the
+// client has sendDepth send slots, resources are checked, and the faults
+// are disarmed when the test ends. On iWARP it returns nils, as
+// resolvedDgramPair does.
+func faultedDgramPair(t *testing.T, sendDepth int) (srv, cli *dgram.Conn, to *dgram.Addr) {
+	t.Helper()
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	srv, cli, to = resolvedDgramPair(t, ctx, dgram.WithSendDepth(sendDepth))
+	t.Cleanup(disarmDeviceFaults)
+	return srv, cli, to
+}
+
 // requireReceivedExactly reads the datagrams want from c, in order, and
 // then finds no other for 300 ms.
 func requireReceivedExactly(t *testing.T, c *dgram.Conn, want ...string) {
@@ -622,13 +629,10 @@ func requireReceivedExactly(t *testing.T, c *dgram.Conn, want ...string) {
 // post; Stats counts only what was posted; and the receiver gets every
 // datagram written once, in order.
 func TestInjectedRefusedDatagramLosesNothing(t *testing.T) {
-	ctx := testContext(t)
-	rxetest.CheckResources(t)
-	srv, cli, to := resolvedDgramPair(t, ctx, dgram.WithSendDepth(3))
+	srv, cli, to := faultedDgramPair(t, 3)
 	if srv == nil {
 		return
 	}
-	t.Cleanup(disarmDeviceFaults)
 	batch := func(ps ...string) []dgram.Message {
 		ms := make([]dgram.Message, len(ps))
 		for i, p := range ps {
