@@ -34,6 +34,9 @@ type EventChannel struct{ p *C.struct_rdma_event_channel }
 
 // NewEventChannel creates a non-blocking CM event channel.
 func NewEventChannel() (*EventChannel, error) {
+	if err := injectedCreateFault(EventChannels); err != nil {
+		return nil, callError("rdma_create_event_channel", err)
+	}
 	p, err := C.rdma_create_event_channel()
 	if p == nil {
 		if err == syscall.ENODEV || err == syscall.ENOENT {
@@ -190,6 +193,9 @@ type CMID struct{ p *C.struct_rdma_cm_id }
 
 // CreateID creates an id of port space ps whose events arrive on ch.
 func CreateID(ch *EventChannel, ps PortSpace) (*CMID, error) {
+	if err := injectedCreateFault(CMIDs); err != nil {
+		return nil, callError("rdma_create_id", err)
+	}
 	var p *C.struct_rdma_cm_id
 	if ret, err := C.rdma_create_id(ch.p, &p, nil, C.enum_rdma_port_space(ps)); ret != 0 {
 		return nil, callError("rdma_create_id", err)
@@ -206,6 +212,9 @@ func (id *CMID) Key() uintptr { return uintptr(unsafe.Pointer(id.p)) }
 // without blocking. (For an active ai rdma_create_ep resolves the address
 // and route synchronously, blocking a thread; Dial does not use it.)
 func CreateEP(ai *AddrInfo) (*CMID, error) {
+	if err := injectedCreateFault(CMIDs); err != nil {
+		return nil, callError("rdma_create_ep", err)
+	}
 	var p *C.struct_rdma_cm_id
 	if ret, err := C.rdma_create_ep(&p, ai.p, nil, nil); ret != 0 {
 		return nil, callError("rdma_create_ep", err)

@@ -33,6 +33,7 @@ var fault struct {
 	cmEvent repeated    // armed: reads of a pending CM event fail
 	discon  error       // armed: the next rdma_disconnect fails
 	listen6 error       // armed: rdma_listen of IPv6 addresses fails
+	create  creation    // armed: a creation of create.kind fails
 	fired   int         // failures injected so far (Injected)
 }
 
@@ -75,9 +76,9 @@ func (r *repeated) take() error {
 }
 
 // Injected returns how many failures the faults armed with a count
-// (FailCQEvents, FailCQArms, FailQPMoves, FailCMEvents) have injected in
-// this process, so that a test can bound how often a failed device is
-// tried again.
+// (FailCQEvents, FailCQArms, FailQPMoves, FailCMEvents) and FailCreate
+// have injected in this process, so that a test can bound how often a
+// failed device is tried again, or know that a creation was refused.
 func Injected() int {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
@@ -286,6 +287,43 @@ func injectedDisconnectFault() error {
 	defer fault.mu.Unlock()
 	err := fault.discon
 	fault.discon = nil
+	return err
+}
+
+// creation is an armed FailCreate.
+type creation struct {
+	kind Resource
+	skip int
+	err  error
+}
+
+// FailCreate makes a creation of a kind of device object fail with err,
+// once, as a device out of memory or past its limits refuses one: the
+// first after skip more of that kind, on any device of the process, have
+// been created. Nothing is created by the failed call. A nil err disarms
+// it.
+func FailCreate(kind Resource, skip int, err error) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.create = creation{kind: kind, skip: skip, err: err}
+}
+
+// injectedCreateFault takes the armed FailCreate failure if this creation
+// of kind is the one it names.
+func injectedCreateFault(kind Resource) error {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	c := &fault.create
+	if c.err == nil || c.kind != kind {
+		return nil
+	}
+	if c.skip > 0 {
+		c.skip--
+		return nil
+	}
+	err := c.err
+	*c = creation{}
+	fault.fired++
 	return err
 }
 

@@ -15,3 +15,4 @@ func injectedArmFault() error                          { return nil }
 func injectedQPMoveFault() error                       { return nil }
 func (id *CMID) injectedListenFault() error            { return nil }
 func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }
+func injectedCreateFault(Resource) error               { return nil }

@@ -80,6 +80,9 @@ type PD struct{ p *C.struct_ibv_pd }
 
 // AllocPD allocates a protection domain on the device.
 func (c *Context) AllocPD() (*PD, error) {
+	if err := injectedCreateFault(PDs); err != nil {
+		return nil, callError("ibv_alloc_pd", err)
+	}
 	p, err := C.ibv_alloc_pd(c.p)
 	if p == nil {
 		return nil, callError("ibv_alloc_pd", err)
@@ -101,6 +104,9 @@ type MR struct{ p *C.struct_ibv_mr }
 // RegMR registers [addr, addr+length) with the given access flags. The memory
 // must not be Go heap memory (the device keeps using it after this returns).
 func (pd *PD) RegMR(addr unsafe.Pointer, length int, access int) (*MR, error) {
+	if err := injectedCreateFault(MRs); err != nil {
+		return nil, callError(fmt.Sprintf("ibv_reg_mr(%d bytes, access %#x)", length, access), err)
+	}
 	p, err := C.ibv_reg_mr(pd.p, addr, C.size_t(length), C.int(access))
 	if p == nil {
 		return nil, callError(fmt.Sprintf("ibv_reg_mr(%d bytes, access %#x)", length, access), err)
@@ -149,6 +155,9 @@ type CompChannel struct{ p *C.struct_ibv_comp_channel }
 
 // NewCompChannel creates a completion channel on the device.
 func (c *Context) NewCompChannel() (*CompChannel, error) {
+	if err := injectedCreateFault(CompChannels); err != nil {
+		return nil, callError("ibv_create_comp_channel", err)
+	}
 	p, err := C.ibv_create_comp_channel(c.p)
 	if p == nil {
 		return nil, callError("ibv_create_comp_channel", err)
@@ -198,6 +207,9 @@ type CQ struct {
 // Poll returns at most.
 func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
 	_ = c.GuardSiwKeys() // best effort: without a guard, queues meet siw's refusals as before
+	if err := injectedCreateFault(CQs); err != nil {
+		return nil, callError(fmt.Sprintf("ibv_create_cq(%d entries)", cqe), err)
+	}
 	var chp *C.struct_ibv_comp_channel
 	if ch != nil {
 		chp = ch.p
@@ -291,6 +303,9 @@ type SRQ struct{ p *C.struct_ibv_srq }
 // NewSRQ creates a shared receive queue on the protection domain.
 func (pd *PD) NewSRQ(maxWR, maxSGE int) (*SRQ, error) {
 	_ = (&Context{p: pd.p.context}).GuardSiwKeys() // as NewCQ does
+	if err := injectedCreateFault(SRQs); err != nil {
+		return nil, callError("ibv_create_srq", err)
+	}
 	var attr C.struct_ibv_srq_init_attr
 	attr.attr.max_wr = C.uint32_t(maxWR)
 	attr.attr.max_sge = C.uint32_t(maxSGE)
@@ -331,6 +346,9 @@ type QPCaps struct {
 // librdmacm's per-device default PD when pd is nil. Work requests are
 // signaled only when asked (sq_sig_all = 0), for selective signaling.
 func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
+	if err := injectedCreateFault(QPs); err != nil {
+		return QPCaps{}, callError("rdma_create_qp", err)
+	}
 	var a C.struct_ibv_qp_init_attr
 	a.send_cq = in.SendCQ.p
 	a.recv_cq = in.RecvCQ.p

@@ -205,6 +205,9 @@ type AH struct{ p *C.struct_ibv_ah }
 
 // CreateAH makes the address handle of a peer or group from its event.
 func (pd *PD) CreateAH(ud *UDParam) (*AH, error) {
+	if err := injectedCreateFault(AHs); err != nil {
+		return nil, callError("ibv_create_ah", err)
+	}
 	attr := ud.ahAttr
 	p, err := C.ibv_create_ah(pd.p, &attr)
 	if p == nil {
@@ -234,6 +237,9 @@ func SenderOf(wc *WC, grh []byte) *Sender {
 
 // AHTo makes the address handle that answers s (ibv_create_ah_from_wc).
 func (pd *PD) AHTo(port int, s *Sender) (*AH, error) {
+	if err := injectedCreateFault(AHs); err != nil {
+		return nil, callError("ibv_create_ah_from_wc", err)
+	}
 	p, err := C.go_ah_from_wc(pd.p, C.uint8_t(port), C.uint32_t(s.srcQP), C.uint16_t(s.slid),
 		C.uint8_t(s.sl), C.uint8_t(s.pathBits), (*C.uint8_t)(unsafe.Pointer(&s.grh[0])))
 	if p == nil {

@@ -31,6 +31,31 @@ import (
 var ErrNoDevice = errors.New("no RDMA device: load rdma_rxe and create one with " +
 	"`rdma link add rxe0 type rxe netdev <if>`, or run under the testbed (bin/rxevm)")
 
+// Resource names a kind of device object, for the fault hook that refuses
+// its creation (FailCreate, in builds with the rdmacm_faultinject tag).
+type Resource int
+
+// The kinds of device objects the library creates.
+const (
+	EventChannels Resource = iota // rdma_create_event_channel
+	CMIDs                         // rdma_create_id, rdma_create_ep
+	PDs                           // ibv_alloc_pd
+	MRs                           // ibv_reg_mr
+	CompChannels                  // ibv_create_comp_channel
+	CQs                           // ibv_create_cq
+	SRQs                          // ibv_create_srq
+	QPs                           // rdma_create_qp
+	AHs                           // ibv_create_ah, ibv_create_ah_from_wc
+)
+
+func (r Resource) String() string {
+	names := [...]string{"event channel", "CM id", "PD", "MR", "completion channel", "CQ", "SRQ", "QP", "AH"}
+	if r < 0 || int(r) >= len(names) {
+		return fmt.Sprintf("Resource(%d)", int(r))
+	}
+	return names[r]
+}
+
 // callError wraps the errno of a failed call with the call's name, so that
 // errors.Is(err, syscall.ECONNREFUSED) and friends work above. A call that
 // failed without setting errno (a provider that gives up in user space,
