@@ -361,8 +361,8 @@ type Listener struct {
 	closeErr   error
 }
 
-// accepted is a connection set up for Accept, or the local failure
-// (not the dialer's) that kept one from being set up.
+// accepted is a connection set up for Accept, or the failure that keeps
+// any from being set up: options the device cannot hold (handshake).
 type accepted struct {
 	c   *Conn
 	err error
@@ -466,6 +466,9 @@ func (l *Listener) closeReady() {
 // Accept waits for the next msg connection, set up already or as soon as
 // one is. Connect requests that are not from a msg peer are rejected, and
 // handshakes that fail are the dialer's business: neither reaches Accept.
+// Nor does a connection this side's device could not make (out of memory,
+// say): its dialer is refused, or its connection ends, and the failure
+// goes to the listener's logger as a warning.
 // Options beyond what the device holds reject the request and reach
 // Accept as an error matching endpoint.ErrInvalid.
 // After Close it returns an error matching net.ErrClosed.
@@ -514,8 +517,9 @@ func (l *Listener) acceptLoop() {
 }
 
 // handshake sets one connection up. It returns nil and nil when the
-// request or its handshake failed on the dialer's account (or Close cut
-// it short), and an error only for a local failure Accept should report.
+// request or its handshake failed (on the dialer's account, on this side's
+// device, or because Close cut it short), and an error only for options
+// the device cannot hold, which Accept reports.
 func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	peer, err := parseHello(req.PrivateData())
 	if err != nil {
@@ -536,14 +540,25 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 			// error, and every request after would fail the same way.
 			return nil, err
 		}
-		l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
+		if pool == nil {
+			// It failed before its receives were posted: making the
+			// connection's device objects or registering their memory
+			// failed, this side's trouble, not the dialer's.
+			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: could not set a connection up; its request was rejected")
+		} else {
+			l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")
+		}
 		return nil, nil
 	}
 	c, err := newConn(ep, b, l.o, pool, peer, false)
 	if err != nil {
+		// This side's failure too (its send buffers' memory), and this
+		// connection's alone: it ends, and Accept waits on, so that a
+		// server's accept loop (net/http's over rdmanet) goes on serving.
+		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: could not set an accepted connection up; it was closed")
 		ep.Close()
 		abandon(b, pool)
-		return nil, err
+		return nil, nil
 	}
 	return c, nil
 }
