@@ -1,0 +1,322 @@
+//go:build rdmacm_faultinject
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/go-rdma/rdmacm/internal/verbs"
+	"github.com/go-rdma/rdmacm/msg"
+)
+
+// errRefusedCreation is the failure verbs.FailCreate injects: a device out
+// of memory, or past a limit, refusing one object.
+var errRefusedCreation = errors.New("injected: the device refused to create it")
+
+// creation names one device object a constructor makes: the first of its
+// kind after skip others of that kind (the constructor's, or its peer's
+// in this process before it).
+type creation struct {
+	kind verbs.Resource
+	skip int
+}
+
+func (c creation) String() string { return fmt.Sprintf("%s #%d", c.kind, c.skip+1) }
+
+// creations are the first n creations of kind.
+func creations(kind verbs.Resource, n int) []creation {
+	cs := make([]creation, n)
+	for i := range cs {
+		cs[i] = creation{kind, i}
+	}
+	return cs
+}
+
+// deviceState is what a constructor that failed must leave as it found:
+// the device's objects (rdma res) and the process's open files, among
+// them the completion and CM event channels rdma res does not count.
+type deviceState struct {
+	res   rxetest.Resources
+	files int
+}
+
+func currentDeviceState(t *testing.T) deviceState {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return deviceState{res: rxetest.CountResources(t), files: len(fds)}
+}
+
+// requireEachCreationRefused runs attempt once for each creation in cs,
+// with that one refused (verbs.FailCreate), and requires that the refusal
+// fired (attempt makes that object), that attempt failed with it, and
+// that the device and the process are then as they were before attempt.
+// attempt's own set-up and cleanup are its own; it must undo what
+// succeeds. Last, with nothing refused, attempt must succeed.
+func requireEachCreationRefused(t *testing.T, cs []creation, attempt func(t *testing.T) error) {
+	t.Helper()
+	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+	for _, c := range cs {
+		t.Run(c.String(), func(t *testing.T) {
+			before := currentDeviceState(t)
+			fired := verbs.Injected()
+			verbs.FailCreate(c.kind, c.skip, errRefusedCreation)
+			err := attempt(t)
+			verbs.FailCreate(0, 0, nil)
+			require.Equal(t, fired+1, verbs.Injected(), "the refused %s was never created", c)
+			require.ErrorIs(t, err, errRefusedCreation)
+			require.Equal(t, before, currentDeviceState(t), "what the failed attempt made is still there")
+		})
+	}
+	require.NoError(t, attempt(t), "with nothing refused")
+}
+
+// TestInjectedCreationFailuresInDgram: dgram.Listen, Dial and Resolve, each
+// with one of the device objects it makes refused in turn, fail with the
+// refusal (in a *net.OpError from Listen and Dial) and free what they
+// made before it. The Conns made before still exchange datagrams.
+func TestInjectedCreationFailuresInDgram(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	if listenDgram(t, ctx) == nil {
+		return // iWARP: the typed refusal is listenDgram's
+	}
+	bound := net.JoinHostPort(rxetest.Addr(t), "0")
+	var listenSteps []creation
+	for _, k := range []verbs.Resource{verbs.CMIDs, verbs.EventChannels, verbs.PDs} {
+		listenSteps = append(listenSteps, creation{k, 0})
+	}
+	listenSteps = append(listenSteps, creations(verbs.CompChannels, 2)...)
+	listenSteps = append(listenSteps, creations(verbs.CQs, 2)...)
+	listenSteps = append(listenSteps, creation{verbs.QPs, 0})
+	listenSteps = append(listenSteps, creations(verbs.MRs, 2)...)
+	closeOnSuccess := func(t *testing.T, c *dgram.Conn, err error) error {
+		if err != nil {
+			var op *net.OpError
+			require.ErrorAs(t, err, &op)
+			return err
+		}
+		return c.Close()
+	}
+	t.Run("Listen", func(t *testing.T) {
+		requireEachCreationRefused(t, listenSteps, func(t *testing.T) error {
+			c, err := dgram.Listen(ctx, bound)
+			return closeOnSuccess(t, c, err)
+		})
+	})
+
+	srv := listenDgram(t, ctx)
+	t.Run("Dial", func(t *testing.T) {
+		// Dial learns its local address with an id of its own, then
+		// listens there, then resolves its peer with another.
+		steps := []creation{{verbs.EventChannels, 0}, {verbs.CMIDs, 0}}
+		for _, s := range listenSteps {
+			if s.kind == verbs.EventChannels || s.kind == verbs.CMIDs {
+				s.skip++
+			}
+			steps = append(steps, s)
+		}
+		steps = append(steps, creation{verbs.CMIDs, 2}, creation{verbs.AHs, 0})
+		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+			c, err := dgram.Dial(ctx, srv.LocalAddr().String())
+			return closeOnSuccess(t, c, err)
+		})
+	})
+
+	cli, other := listenDgram(t, ctx), listenDgram(t, ctx)
+	t.Run("Resolve", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.CMIDs, 0}, {verbs.AHs, 0}}, func(t *testing.T) error {
+			_, err := cli.Resolve(ctx, other.LocalAddr().String())
+			return err
+		})
+	})
+	sendDatagram(t, cli, srv.LocalAddr(), srv, "after the refusals")
+}
+
+// TestInjectedCreationFailuresInCM: a cm dial and an accept, each with one
+// of its endpoint's device objects refused in turn, fail with the refusal
+// and free what they made before it. The dialer of a refused accept is
+// rejected, and the listener accepts the next one. A listener whose shared
+// receive queue is refused fails to listen, and frees its ids.
+func TestInjectedCreationFailuresInCM(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	endpointSteps := []creation{{verbs.PDs, 0}, {verbs.CompChannels, 0}, {verbs.CQs, 0}, {verbs.QPs, 0}}
+
+	// accept takes the next request and accepts it. The caller closes
+	// what it accepted once its Dial has returned: on iWARP, closing an
+	// accepted endpoint that soon can fail the Dial (cm's Request.Accept).
+	type acceptance struct {
+		ep  *endpoint.Endpoint
+		err error
+	}
+	accept := func(ctx context.Context) <-chan acceptance {
+		done := make(chan acceptance, 1)
+		go func() {
+			req, err := l.AcceptRequest(ctx)
+			if err != nil {
+				done <- acceptance{nil, err}
+				return
+			}
+			ep, err := req.Accept(ctx)
+			done <- acceptance{ep, err}
+		}()
+		return done
+	}
+	connected := func(t *testing.T, dialed *endpoint.Endpoint, a acceptance) {
+		require.NoError(t, a.err)
+		closeAndDrain(t, dialed)
+		closeAndDrain(t, a.ep)
+	}
+
+	t.Run("Dial", func(t *testing.T) {
+		steps := append([]creation{{verbs.CMIDs, 0}}, endpointSteps...)
+		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			accepted := accept(ctx)
+			ep, err := cm.Dial(ctx, l.Addr().String())
+			if err != nil {
+				cancel()
+				require.ErrorIs(t, (<-accepted).err, context.Canceled, "a dial that failed reached the listener")
+				return err
+			}
+			connected(t, ep, <-accepted)
+			return nil
+		})
+	})
+
+	t.Run("Accept", func(t *testing.T) {
+		// The dialer makes its endpoint before its request reaches the
+		// listener: the accepted endpoint's objects come second.
+		steps := make([]creation, len(endpointSteps))
+		for i, s := range endpointSteps {
+			steps[i] = creation{s.kind, 1}
+		}
+		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+			accepted := accept(ctx)
+			ep, dialErr := cm.Dial(ctx, l.Addr().String())
+			a := <-accepted
+			if a.err != nil {
+				var rejected *cm.RejectError
+				require.ErrorAs(t, dialErr, &rejected, "the dialer of a refused accept")
+				return a.err
+			}
+			require.NoError(t, dialErr)
+			connected(t, ep, a)
+			return nil
+		})
+	})
+
+	t.Run("ListenWithSharedReceiveQueue", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.CMIDs, 0}, {verbs.PDs, 0}, {verbs.SRQs, 0}}, func(t *testing.T) error {
+			l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), cm.WithSharedReceiveQueue(8))
+			if err != nil {
+				return err
+			}
+			closeErr := l.Close()
+			_, err = l.SRQ().Destroy() // the caller's, after the listener (Listener.SRQ)
+			return errors.Join(closeErr, err)
+		})
+	})
+}
+
+// TestInjectedCreationFailuresInMsg: a msg dial, with one of the device
+// objects it makes before it connects refused in turn, fails with the
+// refusal and frees what it made. Where one the listener makes for an
+// accepted connection is refused, the listener frees what that connection
+// made, warns its logger, and goes on serving: nothing reaches Accept (in
+// a server's accept loop, net/http's over rdmanet, an error would end
+// it). Its dialer is rejected, or, where the connection was up already,
+// disconnected.
+func TestInjectedCreationFailuresInMsg(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	var log lockedBuffer
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithLogger(zerolog.New(&log)))
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	endpointSteps := []creation{{verbs.PDs, 0}, {verbs.CompChannels, 0}, {verbs.CQs, 0}, {verbs.QPs, 0}}
+
+	t.Run("Dial", func(t *testing.T) {
+		// Its receive buffers' region is registered before it connects.
+		steps := append([]creation{{verbs.CMIDs, 0}}, endpointSteps...)
+		steps = append(steps, creation{verbs.MRs, 0})
+		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+			c, err := msg.Dial(ctx, l.Addr().String())
+			if err != nil {
+				return err
+			}
+			s, err := l.Accept(ctx)
+			require.NoError(t, err)
+			require.NoError(t, c.Close())
+			require.NoError(t, s.Close())
+			return nil
+		})
+	})
+
+	t.Run("Accept", func(t *testing.T) {
+		// A raw cm dialer (msgHello) makes its endpoint, and no region,
+		// before its request reaches the listener. The listener registers
+		// the connection's receive buffers before it accepts, and its
+		// send buffers after.
+		steps := make([]creation, len(endpointSteps))
+		for i, s := range endpointSteps {
+			steps[i] = creation{s.kind, 1}
+		}
+		steps = append(steps, creations(verbs.MRs, 2)...)
+		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+			logged := len(log.String())
+			actx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			type acceptance struct {
+				c   *msg.Conn
+				err error
+			}
+			accepted := make(chan acceptance, 1)
+			go func() {
+				c, err := l.Accept(actx)
+				accepted <- acceptance{c, err}
+			}()
+			refused := func() bool { return strings.Contains(log.String()[logged:], errRefusedCreation.Error()) }
+			raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
+			if err != nil {
+				var rejected *cm.RejectError
+				require.ErrorAs(t, err, &rejected, "the dialer of a connection the listener could not make")
+			} else {
+				select {
+				case a := <-accepted:
+					require.NoError(t, a.err)
+					require.NoError(t, a.c.Close())
+					closeAndDrain(t, raw)
+					return nil // nothing was refused
+				case <-raw.Done(): // the listener closed what it could not set up
+				}
+				closeAndDrain(t, raw)
+			}
+			require.Eventually(t, refused, 10*time.Second, 10*time.Millisecond, "the listener's log: %s", log.String()[logged:])
+			require.Contains(t, log.String()[logged:], `"level":"warn"`)
+			cancel()
+			require.ErrorIs(t, (<-accepted).err, context.Canceled, "Accept got what the listener could not set up")
+			return fmt.Errorf("the listener logged it: %w", errRefusedCreation)
+		})
+	})
+	requireListenerServes(t, ctx, l)
+}
