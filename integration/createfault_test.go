@@ -46,6 +46,15 @@ func creations(kind verbs.Resource, n int) []creation {
 	return cs
 }
 
+// steps are cs, each after skip more of its kind (a peer's, made first).
+func steps(skip int, cs []creation) []creation {
+	shifted := make([]creation, len(cs))
+	for i, c := range cs {
+		shifted[i] = creation{c.kind, c.skip + skip}
+	}
+	return shifted
+}
+
 // deviceState is what a constructor that failed must leave as it found:
 // the device's objects (rdma res) and the process's open files, among
 // them the completion and CM event channels rdma res does not count.
@@ -83,6 +92,17 @@ func requireEachCreationRefused(t *testing.T, cs []creation, attempt func(t *tes
 		})
 	}
 	require.NoError(t, attempt(t), "with nothing refused")
+}
+
+// loggedRefusal waits for log, past its first from bytes, to warn of the
+// refusal, and returns it as the error that reports it.
+func loggedRefusal(t *testing.T, log *lockedBuffer, from int) error {
+	t.Helper()
+	since := func() string { return log.String()[from:] }
+	require.Eventually(t, func() bool { return strings.Contains(since(), errRefusedCreation.Error()) },
+		10*time.Second, 10*time.Millisecond, "the listener's log: %s", since())
+	require.Contains(t, since(), `"level":"warn"`)
+	return fmt.Errorf("the listener logged it: %w", errRefusedCreation)
 }
 
 // TestInjectedCreationFailuresInDgram: dgram.Listen, Dial and Resolve, each
@@ -150,8 +170,10 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 // TestInjectedCreationFailuresInCM: a cm dial and an accept, each with one
 // of its endpoint's device objects refused in turn, fail with the refusal
 // and free what they made before it. The dialer of a refused accept is
-// rejected, and the listener accepts the next one. A listener whose shared
-// receive queue is refused fails to listen, and frees its ids.
+// rejected, and the listener accepts the next one; a Listener.Accept that
+// met the refusal warns its logger and goes on to that next one. A
+// listener whose shared receive queue is refused fails to listen, and
+// frees its ids.
 func TestInjectedCreationFailuresInCM(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -206,11 +228,7 @@ func TestInjectedCreationFailuresInCM(t *testing.T) {
 	t.Run("Accept", func(t *testing.T) {
 		// The dialer makes its endpoint before its request reaches the
 		// listener: the accepted endpoint's objects come second.
-		steps := make([]creation, len(endpointSteps))
-		for i, s := range endpointSteps {
-			steps[i] = creation{s.kind, 1}
-		}
-		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+		requireEachCreationRefused(t, steps(1, endpointSteps), func(t *testing.T) error {
 			accepted := accept(ctx)
 			ep, dialErr := cm.Dial(ctx, l.Addr().String())
 			a := <-accepted
@@ -222,6 +240,34 @@ func TestInjectedCreationFailuresInCM(t *testing.T) {
 			require.NoError(t, dialErr)
 			connected(t, ep, a)
 			return nil
+		})
+	})
+
+	t.Run("ListenerAccept", func(t *testing.T) {
+		var log lockedBuffer
+		logged, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), cm.WithLogger(zerolog.New(&log)))
+		require.NoError(t, err)
+		defer logged.Close()
+		requireEachCreationRefused(t, steps(1, endpointSteps), func(t *testing.T) error {
+			from := len(log.String())
+			actx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			accepted := make(chan acceptance, 1)
+			go func() {
+				ep, err := logged.Accept(actx)
+				accepted <- acceptance{ep, err}
+			}()
+			ep, err := cm.Dial(ctx, logged.Addr().String())
+			if err == nil {
+				connected(t, ep, <-accepted)
+				return nil
+			}
+			var rejected *cm.RejectError
+			require.ErrorAs(t, err, &rejected, "the dialer of a refused accept")
+			refusal := loggedRefusal(t, &log, from)
+			cancel()
+			require.ErrorIs(t, (<-accepted).err, context.Canceled, "Accept returned on a refused accept")
+			return refusal
 		})
 	})
 
@@ -277,12 +323,7 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 		// before its request reaches the listener. The listener registers
 		// the connection's receive buffers before it accepts, and its
 		// send buffers after.
-		steps := make([]creation, len(endpointSteps))
-		for i, s := range endpointSteps {
-			steps[i] = creation{s.kind, 1}
-		}
-		steps = append(steps, creations(verbs.MRs, 2)...)
-		requireEachCreationRefused(t, steps, func(t *testing.T) error {
+		requireEachCreationRefused(t, append(steps(1, endpointSteps), creations(verbs.MRs, 2)...), func(t *testing.T) error {
 			logged := len(log.String())
 			actx, cancel := context.WithCancel(ctx)
 			defer cancel()
@@ -295,7 +336,6 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 				c, err := l.Accept(actx)
 				accepted <- acceptance{c, err}
 			}()
-			refused := func() bool { return strings.Contains(log.String()[logged:], errRefusedCreation.Error()) }
 			raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
 			if err != nil {
 				var rejected *cm.RejectError
@@ -311,11 +351,10 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 				}
 				closeAndDrain(t, raw)
 			}
-			require.Eventually(t, refused, 10*time.Second, 10*time.Millisecond, "the listener's log: %s", log.String()[logged:])
-			require.Contains(t, log.String()[logged:], `"level":"warn"`)
+			refusal := loggedRefusal(t, &log, logged)
 			cancel()
 			require.ErrorIs(t, (<-accepted).err, context.Canceled, "Accept got what the listener could not set up")
-			return fmt.Errorf("the listener logged it: %w", errRefusedCreation)
+			return refusal
 		})
 	})
 	requireListenerServes(t, ctx, l)
