@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 	"github.com/go-rdma/rdmacm/msg"
+	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
 // errRefusedCreation is the failure verbs.FailCreate injects: a device out
@@ -167,6 +170,30 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 	sendDatagram(t, cli, srv.LocalAddr(), srv, "after the refusals")
 }
 
+// acceptance is what a cm accept gave.
+type acceptance struct {
+	ep  *endpoint.Endpoint
+	err error
+}
+
+// acceptOne takes l's next request and accepts it with opts, in the
+// background. The caller closes what it accepted once its Dial has
+// returned: on iWARP, closing an accepted endpoint that soon can fail the
+// Dial (cm's Request.Accept).
+func acceptOne(ctx context.Context, l *cm.Listener, opts ...cm.AcceptOption) <-chan acceptance {
+	done := make(chan acceptance, 1)
+	go func() {
+		req, err := l.AcceptRequest(ctx)
+		if err != nil {
+			done <- acceptance{nil, err}
+			return
+		}
+		ep, err := req.Accept(ctx, opts...)
+		done <- acceptance{ep, err}
+	}()
+	return done
+}
+
 // TestInjectedCreationFailuresInCM: a cm dial and an accept, each with one
 // of its endpoint's device objects refused in turn, fail with the refusal
 // and free what they made before it. The dialer of a refused accept is
@@ -182,26 +209,7 @@ func TestInjectedCreationFailuresInCM(t *testing.T) {
 	t.Cleanup(func() { l.Close() })
 	endpointSteps := []creation{{verbs.PDs, 0}, {verbs.CompChannels, 0}, {verbs.CQs, 0}, {verbs.QPs, 0}}
 
-	// accept takes the next request and accepts it. The caller closes
-	// what it accepted once its Dial has returned: on iWARP, closing an
-	// accepted endpoint that soon can fail the Dial (cm's Request.Accept).
-	type acceptance struct {
-		ep  *endpoint.Endpoint
-		err error
-	}
-	accept := func(ctx context.Context) <-chan acceptance {
-		done := make(chan acceptance, 1)
-		go func() {
-			req, err := l.AcceptRequest(ctx)
-			if err != nil {
-				done <- acceptance{nil, err}
-				return
-			}
-			ep, err := req.Accept(ctx)
-			done <- acceptance{ep, err}
-		}()
-		return done
-	}
+	accept := func(ctx context.Context) <-chan acceptance { return acceptOne(ctx, l) }
 	connected := func(t *testing.T, dialed *endpoint.Endpoint, a acceptance) {
 		require.NoError(t, a.err)
 		closeAndDrain(t, dialed)
@@ -318,6 +326,26 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 		})
 	})
 
+	t.Run("DialSendBuffers", func(t *testing.T) {
+		// A raw cm listener, passing for a msg one (msgHello), makes no
+		// region: the dialer registers its receive buffers before it
+		// connects and its send buffers once connected.
+		raw, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+		require.NoError(t, err)
+		defer raw.Close()
+		requireEachCreationRefused(t, []creation{{verbs.MRs, 1}}, func(t *testing.T) error {
+			accepted := acceptOne(ctx, raw, msgHello(t))
+			c, err := msg.Dial(ctx, raw.Addr().String())
+			a := <-accepted
+			require.NoError(t, a.err)
+			closeAndDrain(t, a.ep)
+			if err != nil {
+				return err
+			}
+			return c.Close()
+		})
+	})
+
 	t.Run("Accept", func(t *testing.T) {
 		// A raw cm dialer (msgHello) makes its endpoint, and no region,
 		// before its request reaches the listener. The listener registers
@@ -327,14 +355,14 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 			logged := len(log.String())
 			actx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			type acceptance struct {
+			type msgAcceptance struct {
 				c   *msg.Conn
 				err error
 			}
-			accepted := make(chan acceptance, 1)
+			accepted := make(chan msgAcceptance, 1)
 			go func() {
 				c, err := l.Accept(actx)
-				accepted <- acceptance{c, err}
+				accepted <- msgAcceptance{c, err}
 			}()
 			raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
 			if err != nil {
@@ -358,4 +386,52 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 		})
 	})
 	requireListenerServes(t, ctx, l)
+}
+
+// TestInjectedRefusedAcceptKeepsHTTPServing: an http.Server on an rdmanet
+// listener whose device refuses an accepted connection's send buffers
+// (registered once the connection is up; its dialer, a raw cm peer
+// passing for a msg one, registers none) goes on serving: the dialer's
+// connection ends, and the next client gets its answer. net/http's Serve
+// ends on an Accept error that is not temporary: the refusal must not
+// reach Accept.
+func TestInjectedRefusedAcceptKeepsHTTPServing(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "still serving")
+	})}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+
+	fired := verbs.Injected()
+	verbs.FailCreate(verbs.MRs, 1, errRefusedCreation)
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
+	require.NoError(t, err, "the refusal came after the connection was up")
+	select {
+	case <-raw.Done():
+	case <-ctx.Done():
+		t.Fatal("the listener kept a connection it could not set up")
+	}
+	closeAndDrain(t, raw)
+	require.Equal(t, fired+1, verbs.Injected(), "the listener's send buffers were not refused")
+
+	tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("http://" + l.Addr().String() + "/")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, "still serving", string(body))
+	select {
+	case err := <-served:
+		t.Fatalf("Serve ended: %v", err)
+	default:
+	}
+	require.NoError(t, srv.Shutdown(ctx))
+	require.ErrorIs(t, <-served, http.ErrServerClosed)
 }
