@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -434,4 +435,57 @@ func TestInjectedRefusedAcceptKeepsHTTPServing(t *testing.T) {
 	}
 	require.NoError(t, srv.Shutdown(ctx))
 	require.ErrorIs(t, <-served, http.ErrServerClosed)
+}
+
+// TestInjectedCreationFailuresInBufpool: bufpool.OpenPD, and a pool, a
+// region and a listener's shared receive queue made in an opened PD, each
+// with one of the device objects it makes refused in turn, fail with the
+// refusal and free what they made. Each gives back the hold it took on
+// the PD: once its opener closes it, the PD is freed (CheckResources).
+func TestInjectedCreationFailuresInBufpool(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	host := rxetest.Addr(t)
+	t.Run("OpenPD", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.CMIDs, 0}, {verbs.PDs, 0}}, func(t *testing.T) error {
+			pd, err := bufpool.OpenPD(ctx, host)
+			if err != nil {
+				return err
+			}
+			return pd.Close()
+		})
+	})
+
+	pd, err := bufpool.OpenPD(ctx, host)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pd.Close()) }()
+	t.Run("New", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.MRs, 0}}, func(t *testing.T) error {
+			p, err := bufpool.New(pd, bufpool.Size(4096), bufpool.Count(4))
+			if err != nil {
+				return err
+			}
+			return p.Close()
+		})
+	})
+	t.Run("NewRegion", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.MRs, 0}}, func(t *testing.T) error {
+			r, err := bufpool.NewRegion(pd, 1<<16, bufpool.RemoteRead|bufpool.RemoteWrite)
+			if err != nil {
+				return err
+			}
+			return r.Close()
+		})
+	})
+	t.Run("SharedReceiveQueueInTheOpenedPD", func(t *testing.T) {
+		requireEachCreationRefused(t, []creation{{verbs.SRQs, 0}}, func(t *testing.T) error {
+			l, err := cm.Listen(ctx, net.JoinHostPort(host, "0"), cm.WithPD(pd), cm.WithSharedReceiveQueue(8))
+			if err != nil {
+				return err
+			}
+			closeErr := l.Close()
+			_, err = l.SRQ().Destroy()
+			return errors.Join(closeErr, err)
+		})
+	})
 }
