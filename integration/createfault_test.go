@@ -489,3 +489,58 @@ func TestInjectedCreationFailuresInBufpool(t *testing.T) {
 		})
 	})
 }
+
+// TestInjectedRefusedRendezvousRegion: a msg message sent by rendezvous
+// whose region the device refuses to register. Refused on the sender
+// (its region comes first), that Send fails with the refusal, nothing is
+// sent, and the connection goes on: the next message arrives, and no
+// other. Refused on the receiver, which cannot fetch a message it was
+// offered, the connection ends: its reader gets the refusal, the sender's
+// Send fails instead of waiting for a read that never comes, and nothing
+// is left once both close.
+func TestInjectedRefusedRendezvousRegion(t *testing.T) {
+	big := make([]byte, 64<<10)
+	pattern(big, 1)
+	t.Run("Sender", func(t *testing.T) {
+		ctx := testContext(t)
+		rxetest.CheckResources(t)
+		client, server, _ := msgPair(t, ctx)
+		t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+		fired := verbs.Injected()
+		verbs.FailCreate(verbs.MRs, 0, errRefusedCreation)
+		require.ErrorIs(t, client.Send(ctx, big), errRefusedCreation)
+		require.Equal(t, fired+1, verbs.Injected())
+		require.NoError(t, client.Err())
+		require.NoError(t, client.Send(ctx, []byte("after")))
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "after", string(got), "the refused message was sent")
+		require.NoError(t, client.Send(ctx, big))
+		got, err = server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, big, got)
+	})
+	t.Run("Receiver", func(t *testing.T) {
+		ctx := testContext(t)
+		rxetest.CheckResources(t)
+		client, server, _ := msgPair(t, ctx)
+		t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+		fired := verbs.Injected()
+		verbs.FailCreate(verbs.MRs, 1, errRefusedCreation)
+		sent := make(chan error, 1)
+		go func() { sent <- client.Send(ctx, big) }()
+		_, err := server.Recv(ctx)
+		require.ErrorIs(t, err, errRefusedCreation)
+		require.ErrorIs(t, server.Err(), errRefusedCreation)
+		require.Equal(t, fired+1, verbs.Injected())
+		select {
+		case err := <-sent:
+			// The receiver's end, as the sender hears of it: the
+			// connection's, not one this side's application asked for.
+			require.ErrorIs(t, err, msg.ErrClosed, "a message its receiver never read")
+			require.NotErrorIs(t, err, net.ErrClosed)
+		case <-ctx.Done():
+			t.Fatal("the sender's Send still waits for the read")
+		}
+	})
+}
