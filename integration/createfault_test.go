@@ -112,7 +112,9 @@ func loggedRefusal(t *testing.T, log *lockedBuffer, from int) error {
 // TestInjectedCreationFailuresInDgram: dgram.Listen, Dial and Resolve, each
 // with one of the device objects it makes refused in turn, fail with the
 // refusal (in a *net.OpError from Listen and Dial) and free what they
-// made before it. The Conns made before still exchange datagrams.
+// made before it. A reply to a sender learnt from its datagram whose
+// address handle is refused fails, and the next reply makes it. The
+// Conns made before still exchange datagrams.
 func TestInjectedCreationFailuresInDgram(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -167,6 +169,24 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 			_, err := cli.Resolve(ctx, other.LocalAddr().String())
 			return err
 		})
+	})
+	t.Run("ReplyToALearntSender", func(t *testing.T) {
+		// The first reply to a sender learnt from its datagram makes
+		// the address handle; one refused is made again on the next.
+		to, err := other.Resolve(ctx, srv.LocalAddr().String())
+		require.NoError(t, err)
+		src := sendDatagram(t, other, to, srv, "from a new sender")
+		sent := srv.Stats().DatagramsSent
+		fired := verbs.Injected()
+		verbs.FailCreate(verbs.AHs, 0, errRefusedCreation)
+		_, err = srv.WriteTo([]byte("refused"), src)
+		verbs.FailCreate(0, 0, nil)
+		require.Equal(t, fired+1, verbs.Injected())
+		require.ErrorIs(t, err, errRefusedCreation)
+		require.Equal(t, sent, srv.Stats().DatagramsSent, "the refused reply counts as sent")
+		_, err = srv.WriteTo([]byte("answered"), src)
+		require.NoError(t, err)
+		requireReceivedExactly(t, other, "answered")
 	})
 	sendDatagram(t, cli, srv.LocalAddr(), srv, "after the refusals")
 }
