@@ -113,8 +113,9 @@ func loggedRefusal(t *testing.T, log *lockedBuffer, from int) error {
 // with one of the device objects it makes refused in turn, fail with the
 // refusal (in a *net.OpError from Listen and Dial) and free what they
 // made before it. A reply to a sender learnt from its datagram whose
-// address handle is refused fails, and the next reply makes it. The
-// Conns made before still exchange datagrams.
+// address handle is refused fails, and the next reply makes it. A
+// JoinGroup whose id or handle is refused fails, leaving the group; the
+// next one joins it. The Conns made before still exchange datagrams.
 func TestInjectedCreationFailuresInDgram(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -187,6 +188,22 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 		_, err = srv.WriteTo([]byte("answered"), src)
 		require.NoError(t, err)
 		requireReceivedExactly(t, other, "answered")
+	})
+	t.Run("JoinGroup", func(t *testing.T) {
+		const group = "239.7.7.8"
+		requireEachCreationRefused(t, []creation{{verbs.CMIDs, 0}, {verbs.AHs, 0}}, func(t *testing.T) error {
+			if _, err := cli.JoinGroup(ctx, group); err != nil {
+				return err
+			}
+			return cli.LeaveGroup(group)
+		})
+		ga, err := cli.JoinGroup(ctx, group)
+		require.NoError(t, err)
+		_, err = other.JoinGroup(ctx, group)
+		require.NoError(t, err)
+		sendDatagram(t, cli, ga, other, "to the group, once joined")
+		require.NoError(t, cli.LeaveGroup(group))
+		require.NoError(t, other.LeaveGroup(group))
 	})
 	sendDatagram(t, cli, srv.LocalAddr(), srv, "after the refusals")
 }
