@@ -581,3 +581,42 @@ func TestInjectedRefusedRendezvousRegion(t *testing.T) {
 		}
 	})
 }
+
+// TestInjectedRefusedOneSidedStaging: a msg one-sided operation stages
+// its bytes in a region of the connection's cache. With its registration
+// refused, WriteRemote and ReadRemote fail with the refusal, touch
+// nothing at the peer, and the connection goes on: the same calls then
+// work.
+func TestInjectedRefusedOneSidedStaging(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+	client, server, _ := msgPair(t, ctx)
+	region, err := bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead|bufpool.RemoteWrite)
+	require.NoError(t, err)
+	defer region.Close()
+	copy(region.Bytes(), "the owner's")
+	remote, err := region.Remote().Slice(0, len("the owner's"))
+	require.NoError(t, err)
+
+	for _, op := range []struct {
+		name string
+		call func() error
+	}{
+		{"WriteRemote", func() error { return client.WriteRemote(ctx, remote, []byte("overwrite!!")) }},
+		{"ReadRemote", func() error { return client.ReadRemote(ctx, remote, make([]byte, remote.Len)) }},
+	} {
+		fired := verbs.Injected()
+		verbs.FailCreate(verbs.MRs, 0, errRefusedCreation)
+		require.ErrorIs(t, op.call(), errRefusedCreation, op.name)
+		verbs.FailCreate(0, 0, nil)
+		require.Equal(t, fired+1, verbs.Injected(), op.name)
+		require.Equal(t, "the owner's", string(region.Bytes()[:remote.Len]), op.name)
+		require.NoError(t, client.Err())
+	}
+	back := make([]byte, remote.Len)
+	require.NoError(t, client.ReadRemote(ctx, remote, back))
+	require.Equal(t, "the owner's", string(back))
+	require.NoError(t, client.WriteRemote(ctx, remote, []byte("overwritten")))
+	require.Equal(t, "overwritten", string(region.Bytes()[:remote.Len]))
+}
