@@ -74,7 +74,8 @@ test-norace: build
 # Failures no device produces on purpose (a CQ poll, a CQ event's read, a
 # CQ's arm, a disconnect or a QP's move to the error state that fails, a
 # request the device refuses in the middle of a post, a send whose
-# completion reports a failure, send completions held back), injected through
+# completion reports a failure, send completions held back, a device object
+# whose creation is refused), injected through
 # internal/verbs in a build with the FAULTS tag, on rxe0 and on siw0, whose
 # flushes and CM events come in another order: the tests named Injected
 # exist only in that build.
