@@ -232,9 +232,9 @@ func acceptOne(ctx context.Context, l *cm.Listener, opts ...cm.AcceptOption) <-c
 	return done
 }
 
-// TestInjectedCreationFailuresInCM: a cm dial and an accept, each with one
-// of its endpoint's device objects refused in turn, fail with the refusal
-// and free what they made before it. The dialer of a refused accept is
+// TestInjectedCreationFailuresInCM: a cm listen, dial and accept, each
+// with one of the device objects it makes refused in turn, fail with the
+// refusal and free what they made before it. The dialer of a refused accept is
 // rejected, and the listener accepts the next one; a Listener.Accept that
 // met the refusal warns its logger and goes on to that next one. A
 // listener whose shared receive queue is refused fails to listen, and
@@ -242,6 +242,17 @@ func acceptOne(ctx context.Context, l *cm.Listener, opts ...cm.AcceptOption) <-c
 func TestInjectedCreationFailuresInCM(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
+	t.Run("Listen", func(t *testing.T) {
+		// The first id of the process opens its shared CM event
+		// channel; a refused one is opened by the next.
+		requireEachCreationRefused(t, []creation{{verbs.CMIDs, 0}, {verbs.EventChannels, 0}}, func(t *testing.T) error {
+			l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+			if err != nil {
+				return err
+			}
+			return l.Close()
+		})
+	})
 	l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
