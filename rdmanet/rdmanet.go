@@ -507,7 +507,10 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 }
 
 // Accept waits for the next connection; after Close it returns an error
-// matching net.ErrClosed.
+// matching net.ErrClosed. A connection that fails while it is set up, on
+// the dialer's account or this side's device's, does not reach it (as
+// msg.Listener.Accept says), so that a server's accept loop (net/http's,
+// gRPC's) does not end on it.
 func (l *Listener) Accept() (net.Conn, error) {
 	if !l.ok() {
 		return nil, syscall.EINVAL
