@@ -526,6 +526,27 @@ func TestInjectedChannelFailureFailsADatagramRead(t *testing.T) {
 	}
 }
 
+// TestInjectedArmFailureFailsADatagramRead: a ReadFrom that finds no
+// datagram arms the receive CQ before it waits. With the arm failing (made
+// to fail once, make test-faults), that ReadFrom returns the failure at
+// once, not at its deadline (an unarmed CQ raises no event to wake it),
+// and the Conn reads on: the next datagram arrives.
+func TestInjectedArmFailureFailsADatagramRead(t *testing.T) {
+	srv, cli, to := faultedDgramPair(t, 4)
+	if srv == nil {
+		return
+	}
+	injected := errors.New("injected CQ arm failure")
+	fired := verbs.Injected()
+	verbs.FailCQArms(injected, 1)
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(15*time.Second)))
+	_, _, err := srv.ReadFrom(make([]byte, 64))
+	require.ErrorIs(t, err, injected)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the read waited on a CQ it could not arm")
+	require.Equal(t, fired+1, verbs.Injected())
+	sendDatagram(t, cli, to, srv, "after the failed arm")
+}
+
 // TestInjectedSendFailureEndsDatagramWrites: once a write has seen the
 // device fail an earlier send (made to fail once, make test-faults: the
 // first send's completion), that write and every one after it fail with
