@@ -82,20 +82,31 @@ func currentDeviceState(t *testing.T) deviceState {
 // succeeds. Last, with nothing refused, attempt must succeed.
 func requireEachCreationRefused(t *testing.T, cs []creation, attempt func(t *testing.T) error) {
 	t.Helper()
-	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
 	for _, c := range cs {
 		t.Run(c.String(), func(t *testing.T) {
 			before := currentDeviceState(t)
-			fired := verbs.Injected()
-			verbs.FailCreate(c.kind, c.skip, errRefusedCreation)
+			fired := refuse(t, c)
 			err := attempt(t)
 			verbs.FailCreate(0, 0, nil)
-			require.Equal(t, fired+1, verbs.Injected(), "the refused %s was never created", c)
+			fired()
 			require.ErrorIs(t, err, errRefusedCreation)
 			require.Equal(t, before, currentDeviceState(t), "what the failed attempt made is still there")
 		})
 	}
 	require.NoError(t, attempt(t), "with nothing refused")
+}
+
+// refuse arms the refusal of the creation c until the test ends, and
+// returns the check that it fired.
+func refuse(t *testing.T, c creation) (fired func()) {
+	t.Helper()
+	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+	before := verbs.Injected()
+	verbs.FailCreate(c.kind, c.skip, errRefusedCreation)
+	return func() {
+		t.Helper()
+		require.Equal(t, before+1, verbs.Injected(), "the refused %s was never created", c)
+	}
 }
 
 // loggedRefusal waits for log, past its first from bytes, to warn of the
@@ -178,11 +189,9 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 		require.NoError(t, err)
 		src := sendDatagram(t, other, to, srv, "from a new sender")
 		sent := srv.Stats().DatagramsSent
-		fired := verbs.Injected()
-		verbs.FailCreate(verbs.AHs, 0, errRefusedCreation)
+		fired := refuse(t, creation{verbs.AHs, 0})
 		_, err = srv.WriteTo([]byte("refused"), src)
-		verbs.FailCreate(0, 0, nil)
-		require.Equal(t, fired+1, verbs.Injected())
+		fired()
 		require.ErrorIs(t, err, errRefusedCreation)
 		require.Equal(t, sent, srv.Stats().DatagramsSent, "the refused reply counts as sent")
 		_, err = srv.WriteTo([]byte("answered"), src)
@@ -454,10 +463,8 @@ func TestInjectedRefusedAcceptKeepsHTTPServing(t *testing.T) {
 	})}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
-	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
 
-	fired := verbs.Injected()
-	verbs.FailCreate(verbs.MRs, 1, errRefusedCreation)
+	fired := refuse(t, creation{verbs.MRs, 1})
 	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
 	require.NoError(t, err, "the refusal came after the connection was up")
 	select {
@@ -466,7 +473,7 @@ func TestInjectedRefusedAcceptKeepsHTTPServing(t *testing.T) {
 		t.Fatal("the listener kept a connection it could not set up")
 	}
 	closeAndDrain(t, raw)
-	require.Equal(t, fired+1, verbs.Injected(), "the listener's send buffers were not refused")
+	fired()
 
 	tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
 	defer tr.CloseIdleConnections()
@@ -553,11 +560,9 @@ func TestInjectedRefusedRendezvousRegion(t *testing.T) {
 		ctx := testContext(t)
 		rxetest.CheckResources(t)
 		client, server, _ := msgPair(t, ctx)
-		t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
-		fired := verbs.Injected()
-		verbs.FailCreate(verbs.MRs, 0, errRefusedCreation)
+		fired := refuse(t, creation{verbs.MRs, 0})
 		require.ErrorIs(t, client.Send(ctx, big), errRefusedCreation)
-		require.Equal(t, fired+1, verbs.Injected())
+		fired()
 		require.NoError(t, client.Err())
 		require.NoError(t, client.Send(ctx, []byte("after")))
 		got, err := server.Recv(ctx)
@@ -572,15 +577,13 @@ func TestInjectedRefusedRendezvousRegion(t *testing.T) {
 		ctx := testContext(t)
 		rxetest.CheckResources(t)
 		client, server, _ := msgPair(t, ctx)
-		t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
-		fired := verbs.Injected()
-		verbs.FailCreate(verbs.MRs, 1, errRefusedCreation)
+		fired := refuse(t, creation{verbs.MRs, 1})
 		sent := make(chan error, 1)
 		go func() { sent <- client.Send(ctx, big) }()
 		_, err := server.Recv(ctx)
 		require.ErrorIs(t, err, errRefusedCreation)
 		require.ErrorIs(t, server.Err(), errRefusedCreation)
-		require.Equal(t, fired+1, verbs.Injected())
+		fired()
 		select {
 		case err := <-sent:
 			// The receiver's end, as the sender hears of it: the
@@ -601,7 +604,6 @@ func TestInjectedRefusedRendezvousRegion(t *testing.T) {
 func TestInjectedRefusedOneSidedStaging(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
 	client, server, _ := msgPair(t, ctx)
 	region, err := bufpool.NewRegion(server.PD(), 4096, bufpool.RemoteRead|bufpool.RemoteWrite)
 	require.NoError(t, err)
@@ -617,11 +619,9 @@ func TestInjectedRefusedOneSidedStaging(t *testing.T) {
 		{"WriteRemote", func() error { return client.WriteRemote(ctx, remote, []byte("overwrite!!")) }},
 		{"ReadRemote", func() error { return client.ReadRemote(ctx, remote, make([]byte, remote.Len)) }},
 	} {
-		fired := verbs.Injected()
-		verbs.FailCreate(verbs.MRs, 0, errRefusedCreation)
+		fired := refuse(t, creation{verbs.MRs, 0})
 		require.ErrorIs(t, op.call(), errRefusedCreation, op.name)
-		verbs.FailCreate(0, 0, nil)
-		require.Equal(t, fired+1, verbs.Injected(), op.name)
+		fired()
 		require.Equal(t, "the owner's", string(region.Bytes()[:remote.Len]), op.name)
 		require.NoError(t, client.Err())
 	}
