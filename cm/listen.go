@@ -426,9 +426,9 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // Accept waits for the next connect request and accepts it with the
 // listener's options plus opts. A request whose handshake then fails is
 // the dialer's problem, not the listener's: Accept waits for the next one.
-// So it does when this side's device cannot make the connection's
-// endpoint (out of memory, say), rejecting the request and warning the
-// listener's logger (WithLogger).
+// So it does when this side cannot make the connection's endpoint or run
+// its setup step (WithSetup; out of device memory, say), rejecting the
+// request and warning the listener's logger (WithLogger).
 // Options beyond what the device holds are the caller's: Accept rejects
 // the request and returns an error matching endpoint.ErrInvalid.
 // Accept returns once the connection is established, so one loop of
@@ -455,22 +455,13 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 		if err == nil || ctx.Err() != nil || errors.Is(err, endpoint.ErrInvalid) {
 			return ep, err
 		}
-		if errors.As(err, new(localFailure)) {
+		if errors.As(err, new(seam.LocalFailure)) {
 			l.o.conn.logger.Warn().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: could not make a connection's endpoint; its request was rejected")
 			continue
 		}
 		l.o.conn.logger.Debug().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: accept failed")
 	}
 }
-
-// localFailure marks an accept that failed on this side's device (making
-// the endpoint's PD, CQ or QP), not on the dialer's account: a listener's
-// Accept, which goes on to the next request either way, warns of it. Its
-// text is the failure's own.
-type localFailure struct{ err error }
-
-func (f localFailure) Error() string { return f.err.Error() }
-func (f localFailure) Unwrap() error { return f.err }
 
 // Accept creates the connection's QP, accepts, and waits until the
 // connection is established or ctx ends. The connection counts as
@@ -500,7 +491,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 	ep, err := c.start(cfg)
 	if err != nil {
 		r.reject(nil)
-		return nil, fmt.Errorf("cm: accept: %w", localFailure{err})
+		return nil, fmt.Errorf("cm: accept: %w", seam.LocalFailure{Err: err})
 	}
 	c.ctl.Established(r.privateData)
 	dev, err := r.id.Context().QueryDevice()
@@ -509,6 +500,7 @@ func (r *Request) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.E
 	}
 	if err != nil {
 		r.id.Reject(nil) // the dialer learns at once; abandon below frees the id
+		err = seam.LocalFailure{Err: err}
 	} else {
 		// Never more than the dialer offered: it issues at most its
 		// initiator depth of reads and answers at most its responder

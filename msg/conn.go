@@ -540,10 +540,10 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 			// error, and every request after would fail the same way.
 			return nil, err
 		}
-		if pool == nil {
-			// It failed before its receives were posted: making the
-			// connection's device objects or registering their memory
-			// failed, this side's trouble, not the dialer's.
+		if errors.As(err, new(seam.LocalFailure)) {
+			// Making the connection's device objects, or registering
+			// and posting its receives, failed: this side's trouble,
+			// not the dialer's.
 			l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: could not set a connection up; its request was rejected")
 		} else {
 			l.o.logger.Debug().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: accept failed")

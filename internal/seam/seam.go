@@ -24,6 +24,17 @@ import (
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
+// LocalFailure marks a failure of this side's own part in accepting a
+// connection (making its endpoint, registering and posting its buffers in
+// the setup step), not the dialer's: cm's and msg's listeners, which go
+// on to the next request either way, warn of it instead of logging it as
+// a failed handshake. Its text is the failure's own, and errors.Is and
+// errors.As see through it.
+type LocalFailure struct{ Err error }
+
+func (f LocalFailure) Error() string { return f.Err.Error() }
+func (f LocalFailure) Unwrap() error { return f.Err }
+
 // Domain is a protection domain with a reference count: it is freed when
 // the last endpoint, pool, region and shared receive queue using it let go,
 // in any order.
