@@ -100,7 +100,7 @@ func requireEachCreationRefused(t *testing.T, cs []creation, attempt func(t *tes
 // returns the check that it fired.
 func refuse(t *testing.T, c creation) (fired func()) {
 	t.Helper()
-	t.Cleanup(func() { verbs.FailCreate(0, 0, nil) })
+	t.Cleanup(disarmDeviceFaults)
 	before := verbs.Injected()
 	verbs.FailCreate(c.kind, c.skip, errRefusedCreation)
 	return func() {

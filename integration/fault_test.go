@@ -177,6 +177,7 @@ func disarmDeviceFaults() {
 	verbs.FailIPv6Listens(nil)
 	verbs.FailNextCompletion(0, verbs.WCSuccess)
 	verbs.HoldCompletions(0, false)
+	verbs.FailCreate(0, 0, nil)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
