@@ -456,7 +456,7 @@ func (l *Listener) Accept(ctx context.Context, opts ...AcceptOption) (*endpoint.
 			return ep, err
 		}
 		if errors.As(err, new(seam.LocalFailure)) {
-			l.o.conn.logger.Warn().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: could not make a connection's endpoint; its request was rejected")
+			l.o.conn.logger.Warn().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: could not set a connection up; its request was rejected")
 			continue
 		}
 		l.o.conn.logger.Debug().Err(err).Stringer("remote", req.RemoteAddr()).Msg("listener: accept failed")

@@ -111,13 +111,13 @@ func refuse(t *testing.T, c creation) (fired func()) {
 
 // loggedRefusal waits for log, past its first from bytes, to warn of the
 // refusal, and returns it as the error that reports it.
-func loggedRefusal(t *testing.T, log *lockedBuffer, from int) error {
+func loggedRefusal(t *testing.T, log *lockedBuffer, from int, refusal error) error {
 	t.Helper()
 	since := func() string { return log.String()[from:] }
-	require.Eventually(t, func() bool { return strings.Contains(since(), errRefusedCreation.Error()) },
+	require.Eventually(t, func() bool { return strings.Contains(since(), refusal.Error()) },
 		10*time.Second, 10*time.Millisecond, "the listener's log: %s", since())
 	require.Contains(t, since(), `"level":"warn"`)
-	return fmt.Errorf("the listener logged it: %w", errRefusedCreation)
+	return fmt.Errorf("the listener logged it: %w", refusal)
 }
 
 // TestInjectedCreationFailuresInDgram: dgram.Listen, Dial and Resolve, each
@@ -330,7 +330,7 @@ func TestInjectedCreationFailuresInCM(t *testing.T) {
 			}
 			var rejected *cm.RejectError
 			require.ErrorAs(t, err, &rejected, "the dialer of a refused accept")
-			refusal := loggedRefusal(t, &log, from)
+			refusal := loggedRefusal(t, &log, from, errRefusedCreation)
 			cancel()
 			require.ErrorIs(t, (<-accepted).err, context.Canceled, "Accept returned on a refused accept")
 			return refusal
@@ -437,7 +437,7 @@ func TestInjectedCreationFailuresInMsg(t *testing.T) {
 				}
 				closeAndDrain(t, raw)
 			}
-			refusal := loggedRefusal(t, &log, logged)
+			refusal := loggedRefusal(t, &log, logged, errRefusedCreation)
 			cancel()
 			require.ErrorIs(t, (<-accepted).err, context.Canceled, "Accept got what the listener could not set up")
 			return refusal

@@ -178,6 +178,7 @@ func disarmDeviceFaults() {
 	verbs.FailNextCompletion(0, verbs.WCSuccess)
 	verbs.HoldCompletions(0, false)
 	verbs.FailCreate(0, 0, nil)
+	verbs.FailNextPost(false, 0, nil)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
@@ -315,6 +316,90 @@ func TestInjectedRefusedPostEndsAMsgConn(t *testing.T) {
 	require.ErrorIs(t, client.Send(ctx, []byte("later")), injected)
 
 	checkFaultEnded(t, ctx, client, server, injected)
+}
+
+// TestInjectedRefusedSetupReceive: a receive the device refuses to post in
+// a listener's setup step (cm.WithSetup, where msg's listener posts its
+// receives) is this side's failure, as an object the device cannot make
+// is: the dialer is rejected, the receives posted before the refused one
+// come back to their pool, the listener warns its logger, and Accept goes
+// on to serve the next dialer. Nothing leaks.
+func TestInjectedRefusedSetupReceive(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	t.Cleanup(disarmDeviceFaults)
+	refused := errors.New("injected: the device refused a receive")
+
+	t.Run("CM", func(t *testing.T) {
+		var log lockedBuffer
+		l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), cm.WithLogger(zerolog.New(&log)))
+		require.NoError(t, err)
+		defer l.Close()
+		const depth = 4
+		pools := make(chan *bufpool.Pool, 2)
+		// The setup step posts its receives in one batch; the device
+		// takes those before a refused one.
+		setup := cm.WithSetup(func(ep *endpoint.Endpoint) error {
+			p, err := bufpool.New(ep.PD(), bufpool.Size(64), bufpool.Count(depth))
+			if err != nil {
+				return err
+			}
+			pools <- p
+			batch := make([]endpoint.Request, depth)
+			for i := range batch {
+				b, _ := p.TryGet()
+				batch[i] = endpoint.Request{Op: endpoint.OpRecv, Buffer: b}
+			}
+			err = ep.PostBatch(batch)
+			if pe, ok := errors.AsType[*endpoint.PostError](err); ok {
+				for _, r := range batch[pe.Index:] {
+					p.Put(r.Buffer) // not posted: the caller's
+				}
+			}
+			return err
+		})
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		accepted := make(chan acceptance, 1)
+		go func() {
+			ep, err := l.Accept(actx, setup)
+			accepted <- acceptance{ep, err}
+		}()
+
+		// cm's dialer posts nothing: the third receive of the
+		// listener's setup step is refused, after two were posted.
+		verbs.FailNextPost(true, 2, refused)
+		_, err = cm.Dial(ctx, l.Addr().String())
+		var rejected *cm.RejectError
+		require.ErrorAs(t, err, &rejected, "the dialer of a connection whose receive was refused")
+		loggedRefusal(t, &log, 0, refused)
+		pool := <-pools
+		require.Equal(t, depth, pool.Stats().Free, "the receives posted before the refused one came back")
+		require.NoError(t, pool.Close())
+
+		ep, err := cm.Dial(ctx, l.Addr().String())
+		require.NoError(t, err, "the next dialer")
+		a := <-accepted
+		require.NoError(t, a.err)
+		closeAndDrain(t, ep)
+		closeAndDrain(t, a.ep)
+		require.NoError(t, (<-pools).Close())
+	})
+
+	t.Run("Msg", func(t *testing.T) {
+		var log lockedBuffer
+		l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithLogger(zerolog.New(&log)))
+		require.NoError(t, err)
+		defer l.Close()
+		// A raw cm dialer, passing for a msg one, posts no receive:
+		// the first one posted is the listener's, in its setup step.
+		verbs.FailNextPost(true, 0, refused)
+		_, err = cm.Dial(ctx, l.Addr().String(), msgHello(t))
+		var rejected *cm.RejectError
+		require.ErrorAs(t, err, &rejected, "the dialer of a connection whose receive was refused")
+		loggedRefusal(t, &log, 0, refused)
+		requireListenerServes(t, ctx, l)
+	})
 }
 
 // TestInjectedBufferWaitGivesItsCreditBack: a msg send takes a credit,

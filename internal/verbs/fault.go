@@ -180,11 +180,14 @@ func (cq *CQ) injectedFault(n int) (int, error) {
 // holds a receive (recv) or a send request of this index refuse it with
 // err, as a device refuses a request it cannot take: the requests before
 // it are posted (and complete), it and those after it are not, and after
-// a refused receive no send is posted.
+// a refused receive no send is posted. A nil err disarms it.
 func FailNextPost(recv bool, index int, err error) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
-	fault.refuse = &refusal{recv: recv, index: index, err: err}
+	fault.refuse = nil
+	if err != nil {
+		fault.refuse = &refusal{recv: recv, index: index, err: err}
+	}
 }
 
 // injectedRefusal takes the armed refusal if a post of nrecv receives and
