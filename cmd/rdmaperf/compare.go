@@ -75,19 +75,24 @@ func (set compareSet) sizesOf(test string) []int {
 var compareTests = []string{"send_bw", "write_bw", "read_bw", "write_imm_bw", "send_lat", "write_lat", "read_lat",
 	"stream_bw", "stream_lat", "rendezvous", "ud_bw"}
 
+// pairedRows are the tests of compareRows that also run as a server and
+// a client.
+var pairedRows = []string{"rpc", "connect"}
+
 // compareRows are the tests -compare runs alone, each its own table
-// (runCompare); rpc and connect also run as a server and a client.
-var compareRows = []string{"rpc", "connect", "monitor", "grpc"}
+// (runCompare).
+var compareRows = append(slices.Clone(pairedRows), "monitor", "grpc")
 
 // checkTests refuses a -test that names no test before anything runs: for
-// a server or a client one test of compareTests, rpc or connect; with
+// a server or a client one test of compareTests or pairedRows; with
 // -compare a list of compareTests, or one of compareRows alone.
 func checkTests(test string, compare bool) error {
 	if !compare {
-		if slices.Contains(compareTests, test) || test == "rpc" || test == "connect" {
+		serverClient := slices.Concat(compareTests, pairedRows)
+		if slices.Contains(serverClient, test) {
 			return nil
 		}
-		return fmt.Errorf("-test %q: want one of %s, rpc or connect", test, strings.Join(compareTests, ", "))
+		return fmt.Errorf("-test %q: want one of %s", test, strings.Join(serverClient, ", "))
 	}
 	if slices.Contains(compareRows, test) {
 		return nil

@@ -313,3 +313,26 @@ func TestParseGRPCBench(t *testing.T) {
 		RdmanetRuns: []float64{2600, 2700, 2800}, TCPRuns: []float64{2900, 3000, 3100}}})
 	assert.Contains(t, table, "| 16 | 2700 | 3000 | 0.90 | 5400 | 5800 | 2600.00-2800.00 | 2900.00-3100.00 |")
 }
+
+// TestCheckTests: a server or a client runs one test, one of the compared
+// tests or rpc or connect; -compare runs a list of compared tests or one
+// of its own tables alone. Anything else is refused, naming what is
+// accepted, before anything runs.
+func TestCheckTests(t *testing.T) {
+	for _, ok := range []string{"send_bw", "stream_lat", "rpc", "connect"} {
+		assert.NoError(t, checkTests(ok, false), ok)
+	}
+	for _, bad := range []string{"", "monitor", "grpc", "send_bw,read_bw", "rcp"} {
+		err := checkTests(bad, false)
+		require.Error(t, err, bad)
+		assert.ErrorContains(t, err, "rpc, connect", bad)
+	}
+	for _, ok := range []string{"send_bw", "send_bw,stream_lat", "rpc", "connect", "monitor", "grpc"} {
+		assert.NoError(t, checkTests(ok, true), ok)
+	}
+	for _, bad := range []string{"", "rpc,send_bw", "send_bw,", "monitor,grpc", "rcp"} {
+		err := checkTests(bad, true)
+		require.Error(t, err, bad)
+		assert.ErrorContains(t, err, "rpc, connect, monitor, grpc", bad)
+	}
+}
