@@ -717,6 +717,16 @@ func faultedDgramPair(t *testing.T, sendDepth int) (srv, cli *dgram.Conn, to *dg
 // then finds no other for 300 ms.
 func requireReceivedExactly(t *testing.T, c *dgram.Conn, want ...string) {
 	t.Helper()
+	requireReceived(t, c, want...)
+	buf := make([]byte, 64)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, _, err := c.ReadFrom(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram arrived after %q", want)
+}
+
+// requireReceived reads the datagrams want from c, in order.
+func requireReceived(t *testing.T, c *dgram.Conn, want ...string) {
+	t.Helper()
 	buf := make([]byte, 64)
 	for _, w := range want {
 		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
@@ -724,9 +734,6 @@ func requireReceivedExactly(t *testing.T, c *dgram.Conn, want ...string) {
 		require.NoError(t, err)
 		require.Equal(t, w, string(buf[:n]))
 	}
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
-	_, _, err := c.ReadFrom(buf)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a datagram arrived after %q", want)
 }
 
 // TestInjectedRefusedDatagramLosesNothing: when the device refuses the
@@ -758,10 +765,10 @@ func TestInjectedRefusedDatagramLosesNothing(t *testing.T) {
 	n, err = cli.WriteBatch(batch("b", "c"))
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
-	// Once the sends so far complete (on rxe, within their post), all
-	// three slots are free: a slot the refusal kept would split the next
-	// batch in two posts.
-	time.Sleep(200 * time.Millisecond)
+	// Once the receiver has them, the sends so far have completed (on
+	// rxe, within their post), and all three slots are free: a slot the
+	// refusal kept would split the next batch in two posts.
+	requireReceived(t, srv, "a", "b", "c")
 	n, err = cli.WriteBatch(batch("d", "e", "f"))
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
@@ -769,7 +776,7 @@ func TestInjectedRefusedDatagramLosesNothing(t *testing.T) {
 	require.EqualValues(t, 6, st.DatagramsSent)
 	require.EqualValues(t, 3, st.Posts, "the batch of three after the refusal took more than one post")
 
-	requireReceivedExactly(t, srv, "a", "b", "c", "d", "e", "f")
+	requireReceivedExactly(t, srv, "d", "e", "f")
 }
 
 // TestInjectedCMEventFailureFailsResolve: when reading a datagram Conn's
