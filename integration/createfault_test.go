@@ -9,10 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -59,21 +56,6 @@ func steps(skip int, cs []creation) []creation {
 	return shifted
 }
 
-// deviceState is what a constructor that failed must leave as it found:
-// the device's objects (rdma res) and the process's open files, among
-// them the completion and CM event channels rdma res does not count.
-type deviceState struct {
-	res   rxetest.Resources
-	files int
-}
-
-func currentDeviceState(t *testing.T) deviceState {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	return deviceState{res: rxetest.CountResources(t), files: len(fds)}
-}
-
 // requireEachCreationRefused runs attempt once for each creation in cs,
 // with that one refused (verbs.FailCreate), and requires that the refusal
 // fired (attempt makes that object), that attempt failed with it, and
@@ -107,17 +89,6 @@ func refuse(t *testing.T, c creation) (fired func()) {
 		t.Helper()
 		require.Equal(t, before+1, verbs.Injected(), "the refused %s was never created", c)
 	}
-}
-
-// loggedRefusal waits for log, past its first from bytes, to warn of the
-// refusal, and returns it as the error that reports it.
-func loggedRefusal(t *testing.T, log *lockedBuffer, from int, refusal error) error {
-	t.Helper()
-	since := func() string { return log.String()[from:] }
-	require.Eventually(t, func() bool { return strings.Contains(since(), refusal.Error()) },
-		10*time.Second, 10*time.Millisecond, "the listener's log: %s", since())
-	require.Contains(t, since(), `"level":"warn"`)
-	return fmt.Errorf("the listener logged it: %w", refusal)
 }
 
 // TestInjectedCreationFailuresInDgram: dgram.Listen, Dial and Resolve, each
@@ -215,12 +186,6 @@ func TestInjectedCreationFailuresInDgram(t *testing.T) {
 		require.NoError(t, other.LeaveGroup(group))
 	})
 	sendDatagram(t, cli, srv.LocalAddr(), srv, "after the refusals")
-}
-
-// acceptance is what a cm accept gave.
-type acceptance struct {
-	ep  *endpoint.Endpoint
-	err error
 }
 
 // acceptOne takes l's next request and accepts it with opts, in the

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"strconv"
@@ -241,4 +242,36 @@ func msgHello(t *testing.T) cm.HandshakeOption {
 	hello, err := msg.ConnectData(6, 4096)
 	require.NoError(t, err)
 	return cm.WithPrivateData(hello)
+}
+
+// deviceState is what a constructor that failed must leave as it found:
+// the device's objects (rdma res) and the process's open files, among
+// them the completion and CM event channels rdma res does not count.
+type deviceState struct {
+	res   rxetest.Resources
+	files int
+}
+
+func currentDeviceState(t *testing.T) deviceState {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return deviceState{res: rxetest.CountResources(t), files: len(fds)}
+}
+
+// loggedRefusal waits for log, past its first from bytes, to warn of the
+// refusal, and returns it as the error that reports it.
+func loggedRefusal(t *testing.T, log *lockedBuffer, from int, refusal error) error {
+	t.Helper()
+	since := func() string { return log.String()[from:] }
+	require.Eventually(t, func() bool { return strings.Contains(since(), refusal.Error()) },
+		10*time.Second, 10*time.Millisecond, "the listener's log: %s", since())
+	require.Contains(t, since(), `"level":"warn"`)
+	return fmt.Errorf("the listener logged it: %w", refusal)
+}
+
+// acceptance is what a cm accept gave.
+type acceptance struct {
+	ep  *endpoint.Endpoint
+	err error
 }
