@@ -12,31 +12,39 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/dgram"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
 )
 
 // TestFileLimitFailsConnectionsCleanly: a process at its limit of open
-// files (RLIMIT_NOFILE, as a busy service can be) cannot open a
-// connection's completion channel, or the duplicate of it that Go's
-// netpoller watches. With the limit set so that no more files can be
-// opened, then one more, and so on until a connection is made, each cm
-// dial and accept, and each msg dial and accept, that fails does so with
-// an error matching syscall.EMFILE and leaves the device and the
-// process's open files as they were. A listener whose side met the limit
-// rejects its dialer, warns its logger, and serves the next dialer. The
-// sweep must meet the duplicate's failure on both sides: no injected
-// fault reaches that step.
+// files (RLIMIT_NOFILE, as a busy service can be) cannot open the event
+// channel librdmacm gives a listener's id while it binds, a connection's
+// completion channel, or the duplicate of a channel that Go's netpoller
+// watches. With the limit set so that no more files can be opened, then
+// one more, and so on until the call works, each cm, msg and dgram
+// Listen, each cm and msg dial and accept, each bufpool.OpenPD (which
+// binds an id to find its device) and each dgram Dial that fails
+// does so with an error matching syscall.EMFILE (not librdmacm's ENOMEM)
+// and leaves the device and the process's open files as they were. A
+// listener whose side met the limit rejects its dialer, warns its logger,
+// and serves the next dialer. The sweeps must meet the duplicate's
+// failure: no injected fault reaches that step.
 func TestFileLimitFailsConnectionsCleanly(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
+	addr := net.JoinHostPort(rxetest.Addr(t), "0")
 
 	t.Run("CM", func(t *testing.T) {
 		var log lockedBuffer
-		l, err := cm.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), cm.WithLogger(zerolog.New(&log)))
-		require.NoError(t, err)
+		var l *cm.Listener
+		openAtFileLimit(t, "cm.Listen", func() (err error) {
+			l, err = cm.Listen(ctx, addr, cm.WithLogger(zerolog.New(&log)))
+			return err
+		})
 		defer l.Close()
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -46,7 +54,7 @@ func TestFileLimitFailsConnectionsCleanly(t *testing.T) {
 			accepted <- acceptance{ep, err}
 		}()
 		var dialed *endpoint.Endpoint
-		sweepFileLimit(t, &log, func() (err error) {
+		dialAtFileLimit(t, &log, func() (err error) {
 			dialed, err = cm.Dial(ctx, l.Addr().String())
 			return err
 		})
@@ -58,11 +66,14 @@ func TestFileLimitFailsConnectionsCleanly(t *testing.T) {
 
 	t.Run("Msg", func(t *testing.T) {
 		var log lockedBuffer
-		l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), msg.WithLogger(zerolog.New(&log)))
-		require.NoError(t, err)
+		var l *msg.Listener
+		openAtFileLimit(t, "msg.Listen", func() (err error) {
+			l, err = msg.Listen(ctx, addr, msg.WithLogger(zerolog.New(&log)))
+			return err
+		})
 		defer l.Close()
 		var dialed *msg.Conn
-		sweepFileLimit(t, &log, func() (err error) {
+		dialAtFileLimit(t, &log, func() (err error) {
 			dialed, err = msg.Dial(ctx, l.Addr().String())
 			return err
 		})
@@ -72,39 +83,101 @@ func TestFileLimitFailsConnectionsCleanly(t *testing.T) {
 		require.NoError(t, accepted.Close())
 		requireListenerServes(t, ctx, l)
 	})
+
+	t.Run("OpenPD", func(t *testing.T) {
+		var pd *bufpool.PD
+		openAtFileLimit(t, "bufpool.OpenPD", func() (err error) {
+			pd, err = bufpool.OpenPD(ctx, rxetest.Addr(t))
+			return err
+		})
+		require.NoError(t, pd.Close())
+	})
+
+	t.Run("Dgram", func(t *testing.T) {
+		srv := listenDgram(t, ctx)
+		if srv == nil {
+			return // iWARP: listenDgram asserted dgram's typed refusal
+		}
+		// A Conn opens a CM event channel and two completion channels,
+		// each with its duplicate.
+		var listened, dialed *dgram.Conn
+		dups := openAtFileLimit(t, "dgram.Listen", func() (err error) {
+			listened, err = dgram.Listen(ctx, addr)
+			return err
+		})
+		defer listened.Close()
+		require.NotZero(t, dups, "no dgram.Listen failed to duplicate a channel")
+		to, err := listened.Resolve(ctx, srv.LocalAddr().String())
+		require.NoError(t, err)
+		sendDatagram(t, listened, to, srv, "from a Conn listened at the limit")
+
+		dups = openAtFileLimit(t, "dgram.Dial", func() (err error) {
+			dialed, err = dgram.Dial(ctx, srv.LocalAddr().String())
+			return err
+		})
+		defer dialed.Close()
+		require.NotZero(t, dups, "no dgram.Dial failed to duplicate a channel")
+		sendDatagram(t, dialed, dialed.RemoteAddr(), srv, "from a Conn dialed at the limit")
+	})
 }
 
-// sweepFileLimit runs dial with the process allowed no more open files,
-// then one more, and so on, until it succeeds. Each dial that fails must
-// fail for want of a file: its own (EMFILE), or, where it was rejected,
-// its listener's, which must warn of it in log. Each must leave the
-// device and the process's open files as it found them. The sweep must
-// meet the duplicate of a completion channel (fdwait's) failing on the
-// dialer's side and on the listener's.
-func sweepFileLimit(t *testing.T, log *lockedBuffer, dial func() error) {
+// openAtFileLimit sweeps open across the open-file limit
+// (sweepFileLimit): each failure must match syscall.EMFILE. It returns
+// how many of them were a channel's duplicate for the netpoller.
+func openAtFileLimit(t *testing.T, name string, open func() error) (dups int) {
+	t.Helper()
+	sweepFileLimit(t, open, func(spare int, err error) {
+		require.ErrorIs(t, err, syscall.EMFILE, "%s with room for %d more files", name, spare)
+		if strings.Contains(err.Error(), "fdwait: dup") {
+			dups++
+		}
+	})
+	return dups
+}
+
+// dialAtFileLimit sweeps dial across the open-file limit
+// (sweepFileLimit). Each dial that fails must fail for want of a file:
+// its own (EMFILE), or, where it was rejected, its listener's, which must
+// warn of it in log. The sweep must meet the duplicate of a completion
+// channel (fdwait's) failing on the dialer's side and on the listener's.
+func dialAtFileLimit(t *testing.T, log *lockedBuffer, dial func() error) {
 	t.Helper()
 	const dupFailure = "fdwait: dup completion channel"
 	var dialerDup, listenerDup bool
-	for spare := 0; ; spare++ {
-		require.Less(t, spare, 16, "no dial succeeded with room for more files")
-		before := currentDeviceState(t)
-		from := len(log.String())
-		err := withFileLimit(t, spare, dial)
-		if err == nil {
-			break
-		}
-		t.Logf("room for %d more files: %v", spare, err)
+	from := 0
+	sweepFileLimit(t, func() error {
+		from = len(log.String())
+		return dial()
+	}, func(spare int, err error) {
 		if _, rejected := errors.AsType[*cm.RejectError](err); rejected {
 			loggedRefusal(t, log, from, syscall.EMFILE)
 			listenerDup = listenerDup || strings.Contains(log.String()[from:], dupFailure)
-		} else {
-			require.ErrorIs(t, err, syscall.EMFILE, "with room for %d more files", spare)
-			dialerDup = dialerDup || strings.Contains(err.Error(), dupFailure)
+			return
 		}
-		require.Equal(t, before, currentDeviceState(t), "what the failed dial made is still there (room for %d more files)", spare)
-	}
+		require.ErrorIs(t, err, syscall.EMFILE, "with room for %d more files", spare)
+		dialerDup = dialerDup || strings.Contains(err.Error(), dupFailure)
+	})
 	require.True(t, dialerDup, "no dial failed to duplicate its completion channel")
 	require.True(t, listenerDup, "no accept failed to duplicate its completion channel")
+}
+
+// sweepFileLimit runs attempt with the process allowed no more open
+// files, then one more, and so on, until it succeeds. check judges each
+// failure, once what the attempt set off has ended; then the device and
+// the process's open files must be as they were before the attempt.
+func sweepFileLimit(t *testing.T, attempt func() error, check func(spare int, err error)) {
+	t.Helper()
+	for spare := 0; ; spare++ {
+		require.Less(t, spare, 16, "no attempt succeeded with room for more files")
+		before := currentDeviceState(t)
+		err := withFileLimit(t, spare, attempt)
+		if err == nil {
+			return
+		}
+		t.Logf("room for %d more files: %v", spare, err)
+		check(spare, err)
+		require.Equal(t, before, currentDeviceState(t), "what the failed attempt made is still there (room for %d more files)", spare)
+	}
 }
 
 // withFileLimit runs f with the process's soft limit of open files

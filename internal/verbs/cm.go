@@ -217,9 +217,29 @@ func CreateEP(ai *AddrInfo) (*CMID, error) {
 	}
 	var p *C.struct_rdma_cm_id
 	if ret, err := C.rdma_create_ep(&p, ai.p, nil, nil); ret != 0 {
-		return nil, callError("rdma_create_ep", err)
+		return nil, callError("rdma_create_ep", syncChannelCause(err))
 	}
 	return &CMID{p: p}, nil
+}
+
+// syncChannelCause is rdma_create_ep's err, or what it hides: librdmacm
+// reports any failure to open a synchronous id's own event channel as
+// ENOMEM, so that a process at its limit of open files (EMFILE) would
+// read "cannot allocate memory" and look at the wrong limit. That channel
+// is the one file rdma_create_ep opens; after an ENOMEM, opening one
+// again tells which it was.
+func syncChannelCause(err error) error {
+	if !errors.Is(err, syscall.ENOMEM) {
+		return err
+	}
+	ch, openErr := C.rdma_create_event_channel()
+	if ch == nil && openErr != nil {
+		return fmt.Errorf("opening the id's event channel: %w", openErr)
+	}
+	if ch != nil {
+		C.rdma_destroy_event_channel(ch)
+	}
+	return err
 }
 
 // DestroyEP destroys an id made by CreateEP, with its QP if it has one
