@@ -16,6 +16,8 @@ import (
 )
 
 // Errors of an established connection's end, seen in endpoint.Err.
+// ErrDeviceRemoved also ends a Listener bound to the device: its Accept
+// returns it.
 var (
 	ErrPeerDisconnected = fmt.Errorf("cm: the peer disconnected: %w", endpoint.ErrClosed)
 	ErrDeviceRemoved    = fmt.Errorf("cm: the RDMA device was removed: %w", endpoint.ErrClosed)

@@ -32,7 +32,7 @@ type Listener struct {
 	reqs      chan *Request
 	closing   chan struct{}
 	loops     sync.WaitGroup // one run per id
-	failed    chan struct{}  // closed, with failErr set, when events stop
+	failed    chan struct{}  // closed, with failErr set, when no request can come (fail)
 	failOnce  sync.Once
 	failErr   error
 	closeOnce sync.Once
@@ -374,12 +374,18 @@ func (l *Listener) run(q *cmevent.Queue) {
 			// The process's CM event channel failed: no request can
 			// arrive any more, and Accept says so.
 			l.o.conn.logger.Error().Err(err).Msg("listener: reading CM events")
-			l.failOnce.Do(func() {
-				l.failErr = fmt.Errorf("cm: accept: %w", err)
-				close(l.failed)
-			})
+			l.fail(err)
 			<-l.closing
 			return
+		}
+		if ev.Type == verbs.EventDeviceRemoval {
+			// The id was bound to that device (a wildcard's is not):
+			// no request can arrive any more, and Accept says so
+			// instead of waiting for ever.
+			ev.Ack()
+			l.o.conn.logger.Error().Msg("listener: the RDMA device was removed; it accepts no more connections")
+			l.fail(ErrDeviceRemoved)
+			continue
 		}
 		if ev.Type != verbs.EventConnectRequest {
 			l.o.conn.logger.Debug().Stringer("event", ev.Type).Msg("listener: ignored event")
@@ -401,7 +407,17 @@ func (l *Listener) run(q *cmevent.Queue) {
 	}
 }
 
-// AcceptRequest waits for the next connect request.
+// fail makes Accept and AcceptRequest return err, wrapped, from now on:
+// the listener can take no more requests.
+func (l *Listener) fail(err error) {
+	l.failOnce.Do(func() {
+		l.failErr = fmt.Errorf("cm: accept: %w", err)
+		close(l.failed)
+	})
+}
+
+// AcceptRequest waits for the next connect request. It fails as Accept
+// does once no request can arrive (the device removed).
 func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 	if !l.made() {
 		return nil, errListenerNotMade
@@ -431,6 +447,8 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // request and warning the listener's logger (WithLogger).
 // Options beyond what the device holds are the caller's: Accept rejects
 // the request and returns an error matching endpoint.ErrInvalid.
+// Once the listener's device is removed, Accept returns an error matching
+// ErrDeviceRemoved: no request can arrive any more.
 // Accept returns once the connection is established, so one loop of
 // Accepts sets connections up one after another; to set many up at once,
 // call Accept from several goroutines, or take each Request from

@@ -814,8 +814,9 @@ func TestInjectedCMEventFailureFailsResolve(t *testing.T) {
 // once, make test-faults: the read of the event a new dial raises),
 // nothing on it can hear of its connection's end any more, so every
 // connection on it ends with the failure (Done and Err carry it, not
-// net.ErrClosed), the listener's Accept fails with it, and so does the
-// dial; a later Listen and Dial open a channel of their own and connect.
+// net.ErrClosed), a cm and a msg listener's Accept fail with it, and so
+// does the dial; a later Listen and Dial open a channel of their own and
+// connect.
 func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -827,6 +828,17 @@ func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 			ep.Close()
 		}
 		accepted <- err
+	}()
+	ml, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	t.Cleanup(func() { ml.Close() })
+	msgAccepted := make(chan error, 1)
+	go func() {
+		c, err := ml.Accept(ctx)
+		if c != nil {
+			c.Close()
+		}
+		msgAccepted <- err
 	}()
 
 	injected := errors.New("injected CM event channel failure")
@@ -848,11 +860,13 @@ func TestInjectedCMEventFailureEndsTheSharedChannel(t *testing.T) {
 		require.ErrorIs(t, side.Err(), endpoint.ErrClosed)
 		require.NotErrorIs(t, side.Err(), net.ErrClosed, "the application closed nothing")
 	}
-	select {
-	case err := <-accepted:
-		require.ErrorIs(t, err, injected)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Accept did not fail with the listener's channel")
+	for _, accepted := range []chan error{accepted, msgAccepted} {
+		select {
+		case err := <-accepted:
+			require.ErrorIs(t, err, injected)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Accept did not fail with the listener's channel")
+		}
 	}
 
 	again := connect(t, ctx)

@@ -353,9 +353,13 @@ type Listener struct {
 	cancel context.CancelFunc
 	// slots bounds the connections being set up or waiting for Accept
 	// (acceptAhead); further requests wait in the CM listener's backlog.
-	slots      chan struct{}
-	ready      chan accepted
-	closed     chan struct{}
+	slots  chan struct{}
+	ready  chan accepted
+	closed chan struct{}
+	// failed is closed, with failErr set, when the CM listener can take
+	// no more requests (its device removed): Accept returns failErr.
+	failed     chan struct{}
+	failErr    error
 	handshakes sync.WaitGroup // the accept loop and every handshake
 	closeOnce  sync.Once
 	closeErr   error
@@ -401,7 +405,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{l: cl, o: o, ctx: lctx, cancel: cancel, slots: make(chan struct{}, acceptAhead),
-		ready: make(chan accepted, acceptAhead), closed: make(chan struct{})}
+		ready: make(chan accepted, acceptAhead), closed: make(chan struct{}), failed: make(chan struct{})}
 	l.handshakes.Go(l.acceptLoop)
 	return l, nil
 }
@@ -471,6 +475,9 @@ func (l *Listener) closeReady() {
 // goes to the listener's logger as a warning.
 // Options beyond what the device holds reject the request and reach
 // Accept as an error matching endpoint.ErrInvalid.
+// Once no request can arrive any more (the listener's device removed: an
+// error matching cm.ErrDeviceRemoved), Accept returns that error after
+// the connections set up before.
 // After Close it returns an error matching net.ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	if !l.made() {
@@ -485,6 +492,14 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	case a := <-l.ready:
 		<-l.slots
 		return a.c, a.err
+	case <-l.failed:
+		select {
+		case a := <-l.ready: // set up before the failure: still served
+			<-l.slots
+			return a.c, a.err
+		default:
+			return nil, l.failErr
+		}
 	case <-l.closed:
 		return nil, cm.ErrListenerClosed
 	case <-ctx.Done():
@@ -502,7 +517,17 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		req, err := l.l.AcceptRequest(l.ctx)
-		if err != nil { // closed
+		if err != nil {
+			select {
+			case <-l.closed:
+			default:
+				// Not Close: no request can arrive any more (the
+				// device was removed, or the process's CM event
+				// channel failed). Accept says so instead of waiting
+				// for ever.
+				l.failErr = err
+				close(l.failed)
+			}
 			return
 		}
 		l.handshakes.Go(func() {

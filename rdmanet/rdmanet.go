@@ -510,7 +510,9 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 // matching net.ErrClosed. A connection that fails while it is set up, on
 // the dialer's account or this side's device's, does not reach it (as
 // msg.Listener.Accept says), so that a server's accept loop (net/http's,
-// gRPC's) does not end on it.
+// gRPC's) does not end on it. A listener whose device is removed can take
+// no more connections: Accept returns an error matching
+// cm.ErrDeviceRemoved, which ends such a loop.
 func (l *Listener) Accept() (net.Conn, error) {
 	if !l.ok() {
 		return nil, syscall.EINVAL
