@@ -45,6 +45,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
@@ -67,6 +68,9 @@ var (
 // Conn is an unreliable datagram queue pair bound to a local address. Its
 // methods are safe for concurrent use. Listen and Dial make Conns: as with
 // net's, the methods of a nil or zero Conn fail with syscall.EINVAL.
+// Once its RDMA device is removed, its reads (after the datagrams already
+// received), writes, Resolves and JoinGroups fail with an error matching
+// cm.ErrDeviceRemoved, those waiting too; it still needs its Close.
 type Conn struct {
 	log   zerolog.Logger
 	ch    *cmevent.Channel
@@ -88,6 +92,7 @@ type Conn struct {
 
 	events    eventLoop
 	stats     counters
+	removed   atomic.Bool // the device was removed: deviceRemoved
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -479,12 +484,30 @@ func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: Network, Source: c.local, Err: err}
 }
 
-// waitError is a wait's error as callers see it: ErrClosed after Close.
+// waitError is a wait's error as callers see it: ErrClosed after Close,
+// cm.ErrDeviceRemoved once the device is gone.
 func (c *Conn) waitError(err error) error {
 	if c.closed.Load() || errors.Is(err, os.ErrClosed) {
 		return net.ErrClosed
 	}
+	if c.removed.Load() {
+		return cm.ErrDeviceRemoved
+	}
 	return err
+}
+
+// deviceRemoved makes the Conn's reads and writes fail with
+// cm.ErrDeviceRemoved (reads once the datagrams already received are
+// read), and wakes those waiting: no completion will come to wake them.
+// The Conn still needs its Close.
+func (c *Conn) deviceRemoved() {
+	if c.removed.Swap(true) {
+		return
+	}
+	c.log.Error().Msg("dgram: the RDMA device was removed; the Conn sends and receives no more")
+	past := time.Unix(1, 0)
+	c.recv.wait.SetDeadline(past)
+	c.send.wait.SetDeadline(past)
 }
 
 // ok says whether c was made by Listen or Dial. As with net's conns,

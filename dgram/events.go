@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/lookup"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -46,6 +47,13 @@ func (l *eventLoop) run(c *Conn) {
 			l.end(failure)
 			return
 		}
+		if ev.Type == verbs.EventDeviceRemoval {
+			// Every id of the Conn is on the one device.
+			ev.Ack()
+			c.deviceRemoved()
+			l.end(cm.ErrDeviceRemoved) // Resolve and JoinGroup fail with it
+			continue
+		}
 		if ev.Type == verbs.EventConnectRequest {
 			c.answer(ev)
 			continue
@@ -63,7 +71,7 @@ func (l *eventLoop) run(c *Conn) {
 }
 
 // end wakes every waiter: the loop is gone, because of failure (nil:
-// Close stopped it).
+// Close stopped it), or can resolve no more (the device was removed).
 func (l *eventLoop) end(failure error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -164,6 +172,9 @@ func eventError(ev *verbs.Event, step string) error {
 func (c *Conn) withID(steps func(id *verbs.CMID, w chan *verbs.Event) (keep bool, err error)) error {
 	if c.closed.Load() {
 		return net.ErrClosed
+	}
+	if c.removed.Load() {
+		return cm.ErrDeviceRemoved
 	}
 	id, err := verbs.CreateID(c.ch.EC, verbs.PortSpaceUDP)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -190,6 +191,9 @@ func (c *Conn) readBatch(ms []Message, op string, from *Addr) (int, error) {
 		}
 		if got > 0 {
 			return got, nil
+		}
+		if c.removed.Load() {
+			return 0, c.opError(op, cm.ErrDeviceRemoved)
 		}
 		if deadlinePassed(&c.recv) {
 			return 0, c.opError(op, os.ErrDeadlineExceeded)
@@ -394,6 +398,9 @@ func (c *Conn) writeBatch(ms []Message) (int, error) {
 	defer c.sendMu.Unlock()
 	if c.closed.Load() {
 		return 0, c.opError("write", net.ErrClosed)
+	}
+	if c.removed.Load() {
+		return 0, c.opError("write", cm.ErrDeviceRemoved)
 	}
 	s := &c.tx
 	paths := s.touched[:0]
