@@ -283,11 +283,7 @@ func TestInjectedCreationFailuresInCM(t *testing.T) {
 			from := len(log.String())
 			actx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			accepted := make(chan acceptance, 1)
-			go func() {
-				ep, err := logged.Accept(actx)
-				accepted <- acceptance{ep, err}
-			}()
+			accepted := acceptInBackground(actx, logged)
 			ep, err := cm.Dial(ctx, logged.Addr().String())
 			if err == nil {
 				connected(t, ep, <-accepted)

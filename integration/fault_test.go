@@ -360,11 +360,7 @@ func TestInjectedRefusedSetupReceive(t *testing.T) {
 		})
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		accepted := make(chan acceptance, 1)
-		go func() {
-			ep, err := l.Accept(actx, setup)
-			accepted <- acceptance{ep, err}
-		}()
+		accepted := acceptInBackground(actx, l, setup)
 
 		// cm's dialer posts nothing: the third receive of the
 		// listener's setup step is refused, after two were posted.

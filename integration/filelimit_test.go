@@ -48,11 +48,7 @@ func TestFileLimitFailsConnectionsCleanly(t *testing.T) {
 		defer l.Close()
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		accepted := make(chan acceptance, 1)
-		go func() {
-			ep, err := l.Accept(actx)
-			accepted <- acceptance{ep, err}
-		}()
+		accepted := acceptInBackground(actx, l)
 		var dialed *endpoint.Endpoint
 		dialAtFileLimit(t, &log, func() (err error) {
 			dialed, err = cm.Dial(ctx, l.Addr().String())

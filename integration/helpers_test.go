@@ -275,3 +275,14 @@ type acceptance struct {
 	ep  *endpoint.Endpoint
 	err error
 }
+
+// acceptInBackground calls l.Accept with opts in a goroutine of its own;
+// what it gave comes on the channel.
+func acceptInBackground(ctx context.Context, l *cm.Listener, opts ...cm.AcceptOption) <-chan acceptance {
+	done := make(chan acceptance, 1)
+	go func() {
+		ep, err := l.Accept(ctx, opts...)
+		done <- acceptance{ep, err}
+	}()
+	return done
+}
