@@ -45,8 +45,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/go-rdma/rdmacm/bufpool"
-	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/asyncevent"
 	"github.com/go-rdma/rdmacm/internal/cmevent"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
 	"github.com/go-rdma/rdmacm/internal/lookup"
@@ -68,9 +68,11 @@ var (
 // Conn is an unreliable datagram queue pair bound to a local address. Its
 // methods are safe for concurrent use. Listen and Dial make Conns: as with
 // net's, the methods of a nil or zero Conn fail with syscall.EINVAL.
-// Once its RDMA device is removed, its reads (after the datagrams already
-// received), writes, Resolves and JoinGroups fail with an error matching
-// cm.ErrDeviceRemoved, those waiting too; it still needs its Close.
+// Once its RDMA device is removed, or reports that the Conn's queues
+// failed, its reads (after the datagrams already received), writes,
+// Resolves and JoinGroups fail with an error matching cm.ErrDeviceRemoved
+// or endpoint.ErrDeviceFailure, those waiting too; it still needs its
+// Close.
 type Conn struct {
 	log   zerolog.Logger
 	ch    *cmevent.Channel
@@ -92,7 +94,8 @@ type Conn struct {
 
 	events    eventLoop
 	stats     counters
-	removed   atomic.Bool // the device was removed: deviceRemoved
+	failure   atomic.Pointer[error] // why the device serves the Conn no more: fail
+	unwatch   func()                // stops deviceEvent
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -302,6 +305,10 @@ func listen(host, port string, o options) (_ *Conn, err error) {
 		return nil, err
 	}
 	undo = append(undo, func() { c.id.DestroyQP() })
+	if c.unwatch, err = asyncevent.Watch(c.vctx, c.deviceEvent); err != nil {
+		return nil, err
+	}
+	undo = append(undo, c.unwatch)
 	qkey, err := c.id.QKey()
 	if err != nil {
 		return nil, err
@@ -485,29 +492,54 @@ func (c *Conn) opError(op string, err error) error {
 }
 
 // waitError is a wait's error as callers see it: ErrClosed after Close,
-// cm.ErrDeviceRemoved once the device is gone.
+// the failure once the device serves the Conn no more.
 func (c *Conn) waitError(err error) error {
 	if c.closed.Load() || errors.Is(err, os.ErrClosed) {
 		return net.ErrClosed
 	}
-	if c.removed.Load() {
-		return cm.ErrDeviceRemoved
+	if failure := c.failed(); failure != nil {
+		return failure
 	}
 	return err
 }
 
-// deviceRemoved makes the Conn's reads and writes fail with
-// cm.ErrDeviceRemoved (reads once the datagrams already received are
-// read), and wakes those waiting: no completion will come to wake them.
+// failed is why the device serves the Conn no more (nil while it does):
+// an error matching cm.ErrDeviceRemoved, or endpoint.ErrDeviceFailure.
+func (c *Conn) failed() error {
+	if p := c.failure.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail makes the Conn's reads (once the datagrams already received are
+// read), writes, Resolves and JoinGroups fail with err, and wakes those
+// waiting: no completion will come to wake them. The first failure holds.
 // The Conn still needs its Close.
-func (c *Conn) deviceRemoved() {
-	if c.removed.Swap(true) {
+func (c *Conn) fail(err error) {
+	if !c.failure.CompareAndSwap(nil, &err) {
 		return
 	}
-	c.log.Error().Msg("dgram: the RDMA device was removed; the Conn sends and receives no more")
+	c.log.Error().Err(err).Msg("dgram: the Conn sends and receives no more")
 	past := time.Unix(1, 0)
 	c.recv.wait.SetDeadline(past)
 	c.send.wait.SetDeadline(past)
+}
+
+// deviceEvent is what an asynchronous event of the device does to the
+// Conn (package asyncevent calls it for every event of the device): a
+// failure of its QP, of one of its CQs (an overrun lost completions, and
+// with them the receive and send slots they held) or of the device fails
+// the Conn; a port's state is logged.
+func (c *Conn) deviceEvent(ev verbs.AsyncEvent) {
+	switch {
+	case ev.Type.EndsQP() && ev.Element == c.id.QPKey(),
+		ev.Type == verbs.AsyncCQErr && (ev.Element == c.recv.cq.Key() || ev.Element == c.send.cq.Key()),
+		ev.Type == verbs.AsyncDeviceFatal:
+		c.fail(fmt.Errorf("%w (%s: %v)", endpoint.ErrDeviceFailure, c.vctx.Name(), ev.Type))
+	default:
+		asyncevent.LogPort(c.log, ev, c.port, c.vctx.Name())
+	}
 }
 
 // ok says whether c was made by Listen or Dial. As with net's conns,
@@ -535,6 +567,7 @@ func (c *Conn) Close() error {
 		defer c.sendMu.Unlock()
 		defer c.recvMu.Unlock()
 		c.tx.drain(c.send.cq, closeDrain)
+		c.unwatch()
 		errs := []error{c.paths.leaveAll(c.id)}
 		errs = append(errs, c.id.DestroyQP()) // the device stops here: what follows is no longer its
 		c.paths.free()

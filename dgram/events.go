@@ -50,7 +50,7 @@ func (l *eventLoop) run(c *Conn) {
 		if ev.Type == verbs.EventDeviceRemoval {
 			// Every id of the Conn is on the one device.
 			ev.Ack()
-			c.deviceRemoved()
+			c.fail(cm.ErrDeviceRemoved)
 			l.end(cm.ErrDeviceRemoved) // Resolve and JoinGroup fail with it
 			continue
 		}
@@ -173,8 +173,8 @@ func (c *Conn) withID(steps func(id *verbs.CMID, w chan *verbs.Event) (keep bool
 	if c.closed.Load() {
 		return net.ErrClosed
 	}
-	if c.removed.Load() {
-		return cm.ErrDeviceRemoved
+	if err := c.failed(); err != nil {
+		return err
 	}
 	id, err := verbs.CreateID(c.ch.EC, verbs.PortSpaceUDP)
 	if err != nil {

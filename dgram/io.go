@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
-	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -192,8 +191,8 @@ func (c *Conn) readBatch(ms []Message, op string, from *Addr) (int, error) {
 		if got > 0 {
 			return got, nil
 		}
-		if c.removed.Load() {
-			return 0, c.opError(op, cm.ErrDeviceRemoved)
+		if err := c.failed(); err != nil {
+			return 0, c.opError(op, err)
 		}
 		if deadlinePassed(&c.recv) {
 			return 0, c.opError(op, os.ErrDeadlineExceeded)
@@ -399,8 +398,8 @@ func (c *Conn) writeBatch(ms []Message) (int, error) {
 	if c.closed.Load() {
 		return 0, c.opError("write", net.ErrClosed)
 	}
-	if c.removed.Load() {
-		return 0, c.opError("write", cm.ErrDeviceRemoved)
+	if err := c.failed(); err != nil {
+		return 0, c.opError("write", err)
 	}
 	s := &c.tx
 	paths := s.touched[:0]

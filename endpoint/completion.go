@@ -445,6 +445,7 @@ func (ep *Endpoint) awaitEnd() {
 // completes whatever the device never handed back with ErrClosed: once the
 // QP is destroyed the device no longer touches those buffers.
 func (ep *Endpoint) teardown() {
+	ep.unwatch()
 	ep.qpMu.Lock()
 	ep.qpDestroyed = true
 	qpErr := ep.id.DestroyQP()

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
+	"github.com/go-rdma/rdmacm/internal/asyncevent"
 	"github.com/go-rdma/rdmacm/internal/fdwait"
 	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
@@ -165,6 +166,16 @@ type Endpoint struct {
 	// posted before it got there completes promptly; Close waits no
 	// longer for one posted later (see closeQuiet).
 	qpFailed atomic.Bool
+
+	// The device's asynchronous events (deviceEvent): the QP and port
+	// they name this endpoint's by, and unwatch, which teardown calls
+	// before it destroys the QP and CQ. live is set once the endpoint
+	// is whole; events before that are not acted on.
+	qpKey   uintptr
+	port    int
+	devName string
+	unwatch func()
+	live    atomic.Bool
 }
 
 // cqPoller is the state of polling the CQ: who may poll it now, who
@@ -366,6 +377,7 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	ep.poller.kick = make(chan struct{}, 1)
 	ep.poller.role = make(chan struct{}, 1)
 	ep.received = make(chan struct{})
+	ep.live.Store(true)
 	go ep.pollLoop()
 	go ep.deliverLoop()
 	ctl := &seam.Control{
@@ -491,7 +503,12 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		return ep.explainCreateQP(init, err)
 	}
 	undo = append(undo, func() { ep.id.DestroyQP() })
-	ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent)
+	if ep.wait, err = fdwait.New(ep.ch.Fd(), "completion channel", ep.takeEvent); err != nil {
+		return err
+	}
+	undo = append(undo, func() { ep.wait.Close() })
+	ep.qpKey, ep.port, ep.devName = ep.id.QPKey(), ep.id.PortNum(), vctx.Name()
+	ep.unwatch, err = asyncevent.Watch(vctx, ep.deviceEvent)
 	return err
 }
 
@@ -574,9 +591,10 @@ func (ep *Endpoint) Done() <-chan struct{} {
 }
 
 // Err says why Done closed (nil while the connection is up): after Close,
-// an error matching ErrClosed and net.ErrClosed; when the peer left, or
+// an error matching ErrClosed and net.ErrClosed; when the peer left,
 // polling the CQ or waiting on its channel failed (the endpoint then
-// closes itself), one matching ErrClosed but not net.ErrClosed; or one
+// closes itself), or the device reported a failure (ErrDeviceFailure),
+// one matching ErrClosed but not net.ErrClosed; or one
 // holding the *CompletionError of a work request that failed and took the
 // connection down with it (errors.As finds it; it matches ErrClosed too).
 // On RC, a failed work request moves the QP to the error state; Done then

@@ -33,6 +33,17 @@ var (
 	// ErrNoAtomics: the device does not support atomic operations. It
 	// matches ErrNotSupported.
 	ErrNoAtomics = fmt.Errorf("%w: no atomic operations (atomic_cap is IBV_ATOMIC_NONE)", ErrNotSupported)
+	// ErrDeviceFailure: the device reported, by an asynchronous event,
+	// that the endpoint's QP failed (IBV_EVENT_QP_FATAL, QP_REQ_ERR,
+	// QP_ACCESS_ERR), that its CQ overran and lost completions
+	// (IBV_EVENT_CQ_ERR), or that the device itself failed
+	// (IBV_EVENT_DEVICE_FATAL). The endpoint ends: Done closes, at once
+	// for the CQ or the device, and for the QP unless the CM says first
+	// that the peer left (a peer's going fails siw's QP). Err then
+	// matches this and ErrClosed, and names the device and the event.
+	// Package dgram's Conn fails its reads and writes with it when its
+	// queue pair or a completion queue fails.
+	ErrDeviceFailure = errors.New("endpoint: the device reported a failure")
 )
 
 // errClosedHere is ErrClosed as this side's Close causes it: it matches

@@ -179,6 +179,7 @@ func disarmDeviceFaults() {
 	verbs.HoldCompletions(0, false)
 	verbs.FailCreate(0, 0, nil)
 	verbs.FailNextPost(false, 0, nil)
+	verbs.ShrinkCQ(0, 0)
 }
 
 // TestInjectedPollFailureEndsAMsgConn: a msg connection whose endpoint's
@@ -918,4 +919,167 @@ func TestInjectedNoIPv6ListensOnIPv4Alone(t *testing.T) {
 		_, err := msg.Listen(ctx, net.JoinHostPort(dev6, "0"))
 		require.ErrorIs(t, err, syscall.EAFNOSUPPORT)
 	}
+}
+
+// TestInjectedCQOverrunEndsTheEndpoint: the client's CQ is made too small
+// (verbs.ShrinkCQ; the library sizes a CQ so that it cannot overrun),
+// and the server's batch of sends completes more receives at once than it
+// holds. The device reports the overrun as an asynchronous event
+// (IBV_EVENT_CQ_ERR), and completions were lost: the client's endpoint
+// ends at once with endpoint.ErrDeviceFailure, which names the event.
+// (siw also fails the QP on an overrun and disconnects it, and the CM may
+// tell the client of that before the event comes.) Every receive the
+// client posted still comes back exactly once (those whose completions
+// were lost with ErrClosed), the server hears of the end, and nothing
+// leaks.
+func TestInjectedCQOverrunEndsTheEndpoint(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const n = 64
+	verbs.ShrinkCQ(0, 2) // the client's: its endpoint is made before the server's
+	t.Cleanup(disarmDeviceFaults)
+	p := connect(t, ctx, withQueueDepth(n))
+	rpool, spool := newPool(t, p.client, 64, n), newPool(t, p.server, 64, n)
+	for i := range n {
+		b, err := rpool.Get(ctx)
+		require.NoError(t, err)
+		require.NoError(t, p.client.PostRecv(i, b))
+	}
+	sends := make([]endpoint.Request, n)
+	for i := range sends {
+		b, err := spool.Get(ctx)
+		require.NoError(t, err)
+		sends[i] = endpoint.Request{Op: endpoint.OpSend, Context: i, Buffer: b, Length: 64}
+	}
+	require.NoError(t, p.server.PostBatch(sends))
+
+	for _, ep := range []*endpoint.Endpoint{p.client, p.server} {
+		select {
+		case <-ep.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the connection did not end: client %v, server %v", p.client.Err(), p.server.Err())
+		}
+	}
+	err := p.client.Err()
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	if !rxetest.IWARP() || !errors.Is(err, cm.ErrPeerDisconnected) {
+		require.ErrorIs(t, err, endpoint.ErrDeviceFailure)
+		require.ErrorContains(t, err, "CQ error")
+	}
+	t.Logf("client: %v; server: %v", err, p.server.Err())
+
+	got, lost := make([]int, n), 0
+	require.NoError(t, p.client.CloseAndDrain(func(c endpoint.Completion) {
+		got[c.Context.(int)]++
+		if c.Err != nil {
+			require.ErrorIs(t, c.Err, endpoint.ErrClosed)
+			lost++
+		}
+		require.NoError(t, rpool.Put(c.Buffer))
+	}))
+	for i, times := range got {
+		require.Equal(t, 1, times, "receive %d came back %d times", i, times)
+	}
+	require.Positive(t, lost, "the overrun lost completions, so some receives end with the close")
+	require.NoError(t, p.server.CloseAndDrain(func(c endpoint.Completion) { require.NoError(t, spool.Put(c.Buffer)) }))
+}
+
+// TestInjectedDatagramCQOverrunFailsTheConn: the receiving Conn's receive
+// CQ is made too small (verbs.ShrinkCQ: the second CQ dgram.Listen makes,
+// after the send CQ), and a batch of 64 datagrams completes more receives
+// than it holds before a read polls it. The device reports the overrun
+// (IBV_EVENT_CQ_ERR), and the receives whose completions were lost never
+// come back to be posted again: once the datagrams it took are read, the
+// Conn's reads fail with an error matching endpoint.ErrDeviceFailure that
+// names the event, where the Conn would have gone deaf as its receives ran
+// out; so do its writes. Close frees everything. On iWARP dgram refuses
+// the Conn with its typed error.
+func TestInjectedDatagramCQOverrunFailsTheConn(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	verbs.ShrinkCQ(1, 2)
+	t.Cleanup(disarmDeviceFaults)
+	srv := listenDgram(t, ctx)
+	if srv == nil {
+		return
+	}
+	cli := listenDgram(t, ctx)
+	to, err := cli.Resolve(ctx, srv.LocalAddr().String())
+	require.NoError(t, err)
+	const n = 64
+	ms := make([]dgram.Message, n)
+	for i := range ms {
+		ms[i] = dgram.Message{Buf: []byte(strconv.Itoa(i)), Addr: to}
+	}
+	sent, err := cli.WriteBatch(ms)
+	require.NoError(t, err)
+	require.Equal(t, n, sent)
+
+	buf, read := make([]byte, 64), 0
+	for {
+		require.NoError(t, srv.SetReadDeadline(time.Now().Add(10*time.Second)))
+		if _, _, err = srv.ReadFrom(buf); err != nil {
+			break
+		}
+		read++
+	}
+	t.Logf("read %d of %d datagrams, then: %v", read, n, err)
+	require.ErrorIs(t, err, endpoint.ErrDeviceFailure)
+	require.ErrorContains(t, err, "CQ error")
+	require.Less(t, read, n)
+	_, err = srv.WriteTo([]byte("x"), cli.LocalAddr())
+	require.ErrorIs(t, err, endpoint.ErrDeviceFailure)
+}
+
+// TestInjectedCQOverrunEndsAMsgConn: a msg connection whose CQ overruns
+// (verbs.ShrinkCQ: the dialer's, made 2 deep) while 16 of the peer's
+// goroutines send to it ends with the device's report of it: its reader
+// gets the messages that arrived whole and then an error matching
+// endpoint.ErrDeviceFailure and msg.ErrClosed, not net.ErrClosed nor
+// io.EOF, and so does Err. The senders' calls end with errors, none
+// waits for ever, and nothing leaks. (siw also disconnects on an overrun,
+// and the CM's word may reach the reader first.)
+func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	verbs.ShrinkCQ(0, 2)
+	t.Cleanup(disarmDeviceFaults)
+	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
+
+	const senders, each = 16, 200
+	sent := make(chan error, senders)
+	for range senders {
+		go func() {
+			for range each {
+				if err := server.Send(ctx, []byte("to an overrun CQ")); err != nil {
+					sent <- err
+					return
+				}
+			}
+			sent <- nil
+		}()
+	}
+	var err error
+	read := 0
+	for ; err == nil; read++ {
+		_, err = client.Recv(ctx)
+	}
+	t.Logf("read %d of %d messages, then: %v", read-1, senders*each, err)
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	require.NotErrorIs(t, err, io.EOF, "no orderly end")
+	if !rxetest.IWARP() || !errors.Is(err, cm.ErrPeerDisconnected) {
+		require.ErrorIs(t, err, endpoint.ErrDeviceFailure)
+		require.ErrorContains(t, err, "CQ error")
+		require.ErrorIs(t, client.Err(), endpoint.ErrDeviceFailure)
+	}
+	failed := 0
+	for range senders {
+		if err := <-sent; err != nil {
+			require.ErrorIs(t, err, msg.ErrClosed)
+			failed++
+		}
+	}
+	require.Positive(t, failed, "the senders outlived the connection")
 }

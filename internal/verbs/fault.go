@@ -34,6 +34,8 @@ var fault struct {
 	discon  error       // armed: the next rdma_disconnect fails
 	listen6 error       // armed: rdma_listen of IPv6 addresses fails
 	create  creation    // armed: a creation of create.kind fails
+	cqSize  int         // armed: a CQ is created with this many entries,
+	cqSkip  int         // after this many more
 	fired   int         // failures injected so far (Injected)
 }
 
@@ -328,6 +330,33 @@ func injectedCreateFault(kind Resource) error {
 	*c = creation{}
 	fault.fired++
 	return err
+}
+
+// ShrinkCQ makes a CQ hold entries completions whatever its creator asked
+// for, so that the device overruns it (IBV_EVENT_CQ_ERR) when more than
+// that complete before a poll: the first CQ created, on any device of the
+// process, after skip more have been. 0 entries disarms it.
+func ShrinkCQ(skip, entries int) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.cqSkip, fault.cqSize = skip, entries
+}
+
+// injectedCQSize is the size a CQ is created with: cqe, or what ShrinkCQ
+// armed.
+func injectedCQSize(cqe int) int {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	switch {
+	case fault.cqSize == 0:
+		return cqe
+	case fault.cqSkip > 0:
+		fault.cqSkip--
+		return cqe
+	}
+	cqe, fault.cqSize = fault.cqSize, 0
+	fault.fired++
+	return cqe
 }
 
 // FailIPv6Listens makes every Listen of an id bound to an IPv6 address

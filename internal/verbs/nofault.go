@@ -16,3 +16,4 @@ func injectedQPMoveFault() error                       { return nil }
 func (id *CMID) injectedListenFault() error            { return nil }
 func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }
 func injectedCreateFault(Resource) error               { return nil }
+func injectedCQSize(cqe int) int                       { return cqe }

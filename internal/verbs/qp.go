@@ -214,7 +214,7 @@ func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
 	if ch != nil {
 		chp = ch.p
 	}
-	p, err := C.ibv_create_cq(c.p, C.int(cqe), nil, chp, 0)
+	p, err := C.ibv_create_cq(c.p, C.int(injectedCQSize(cqe)), nil, chp, 0)
 	if p == nil {
 		return nil, callError(fmt.Sprintf("ibv_create_cq(%d entries)", cqe), err)
 	}

@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-rdma/rdmacm/cm"
+	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/rxetest"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPortDownAndUpIsLogged: the device's netdev taken down and up again
+// (ip link) under an idle connection. The device reports its port's state
+// (IBV_EVENT_PORT_ERR, then IBV_EVENT_PORT_ACTIVE), which the library
+// reads from the device's asynchronous events: each end of the connection
+// logs the port going down at warn level and coming back at info level.
+// On rxe the connection is not ended by it, and carries a message each
+// way afterwards; siw disconnects it, and a new one does. Nothing leaks.
+func TestPortDownAndUpIsLogged(t *testing.T) {
+	rxetest.Addr(t) // skips, or fails, without a device
+	netdev := os.Getenv("RDMACM_TEST_NETDEV")
+	if netdev == "" {
+		t.Skip("takes the device's netdev down and up: runs only in the testbed's guest (make test)")
+	}
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	var log lockedBuffer
+	p := connect(t, ctx, cm.WithLogger(zerolog.New(&log)))
+	keepAddressesOnDown(t, netdev)
+
+	ipLink(t, netdev, "down")
+	logged := func(what string) func() bool {
+		return func() bool { return strings.Count(log.String(), what) == 2 }
+	}
+	require.Eventually(t, logged("went down (IBV_EVENT_PORT_ERR)"), 10*time.Second, 10*time.Millisecond,
+		"both ends log the port going down: %s", &log)
+	require.Contains(t, log.String(), `"level":"warn"`)
+	ipLink(t, netdev, "up")
+	require.Eventually(t, logged("up again (IBV_EVENT_PORT_ACTIVE)"), 10*time.Second, 10*time.Millisecond,
+		"both ends log the port coming back: %s", &log)
+	if rxetest.IWARP() {
+		// siw disconnects every connection on its netdev when the
+		// netdev goes down, and each end learns of it from the CM. A
+		// new connection works once the port is back.
+		for _, ep := range []*endpoint.Endpoint{p.client, p.server} {
+			select {
+			case <-ep.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("siw disconnected, but an end did not hear")
+			}
+			require.ErrorIs(t, ep.Err(), endpoint.ErrClosed)
+		}
+		p = connect(t, ctx)
+	}
+	require.NoError(t, p.client.Err())
+	require.NoError(t, p.server.Err())
+	sendOneWay(t, ctx, p.client, p.server)
+	sendOneWay(t, ctx, p.server, p.client)
+}
+
+// sendOneWay sends a message from one endpoint to the other and checks it
+// arrives.
+func sendOneWay(t *testing.T, ctx context.Context, from, to *endpoint.Endpoint) {
+	t.Helper()
+	rp, sp := newPool(t, to, 64, 1), newPool(t, from, 64, 1)
+	rb, err := rp.Get(ctx)
+	require.NoError(t, err)
+	require.NoError(t, to.PostRecv("recv", rb))
+	sb, err := sp.Get(ctx)
+	require.NoError(t, err)
+	copy(sb.Bytes(), "after the port came back")
+	require.NoError(t, from.PostSend("send", sb, 24))
+	c := next(t, from)
+	require.NoError(t, c.Err)
+	require.NoError(t, sp.Put(c.Buffer))
+	c = next(t, to)
+	require.NoError(t, c.Err)
+	require.Equal(t, "after the port came back", string(c.Buffer.Bytes()[:c.Len]))
+	require.NoError(t, rp.Put(c.Buffer))
+}
+
+// keepAddressesOnDown keeps the netdev's IPv6 address through a down and
+// up, as its IPv4 address is kept (the kernel drops IPv6 addresses on
+// down by default), until the test ends: later tests dial it.
+func keepAddressesOnDown(t *testing.T, netdev string) {
+	path := filepath.Join("/proc/sys/net/ipv6/conf", netdev, "keep_addr_on_down")
+	was, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, []byte("1\n"), 0o644))
+	t.Cleanup(func() { require.NoError(t, os.WriteFile(path, was, 0o644)) })
+}
+
+// ipLink sets the netdev down or up; a netdev left down would fail every
+// later test, so it is put up again at cleanup whatever happened.
+func ipLink(t *testing.T, netdev, state string) {
+	t.Helper()
+	out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	if state == "down" {
+		t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
+	}
+}
