@@ -538,7 +538,7 @@ func (c *Conn) deviceEvent(ev verbs.AsyncEvent) {
 		ev.Type == verbs.AsyncDeviceFatal:
 		c.fail(fmt.Errorf("%w (%s: %v)", endpoint.ErrDeviceFailure, c.vctx.Name(), ev.Type))
 	default:
-		asyncevent.LogPort(c.log, ev, c.port, c.vctx.Name())
+		asyncevent.LogPort(c.log, ev, c.port, c.vctx)
 	}
 }
 

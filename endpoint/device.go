@@ -25,8 +25,9 @@ func (ep *Endpoint) deviceEvent(ev verbs.AsyncEvent) {
 	if !ep.live.Load() {
 		return
 	}
+	dev := ep.id.Context()
 	cause := func() error {
-		return fmt.Errorf("%w (%s: %v): %w", ErrDeviceFailure, ep.devName, ev.Type, ErrClosed)
+		return fmt.Errorf("%w (%s: %v): %w", ErrDeviceFailure, dev.Name(), ev.Type, ErrClosed)
 	}
 	switch {
 	case ev.Type == verbs.AsyncCQErr && ev.Element == ep.cq.Key(), ev.Type == verbs.AsyncDeviceFatal:
@@ -34,10 +35,10 @@ func (ep *Endpoint) deviceEvent(ev verbs.AsyncEvent) {
 			ep.cfg.Logger.Error().Err(err).Msg("closing the endpoint")
 		}
 		ep.poller.wake()
-	case ev.Type.EndsQP() && ev.Element == ep.qpKey:
+	case ev.Type.EndsQP() && ev.Element == ep.id.QPKey():
 		ep.qpFailedOnDevice(cause())
 	default:
-		asyncevent.LogPort(ep.cfg.Logger, ev, ep.port, ep.devName)
+		asyncevent.LogPort(ep.cfg.Logger, ev, ep.id.PortNum(), dev)
 	}
 }
 

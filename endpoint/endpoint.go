@@ -167,13 +167,10 @@ type Endpoint struct {
 	// longer for one posted later (see closeQuiet).
 	qpFailed atomic.Bool
 
-	// The device's asynchronous events (deviceEvent): the QP and port
-	// they name this endpoint's by, and unwatch, which teardown calls
-	// before it destroys the QP and CQ. live is set once the endpoint
-	// is whole; events before that are not acted on.
-	qpKey   uintptr
-	port    int
-	devName string
+	// The device's asynchronous events (deviceEvent): unwatch stops
+	// them, and teardown calls it before it destroys the QP and CQ. live
+	// is set once the endpoint is whole; events before that are not
+	// acted on.
 	unwatch func()
 	live    atomic.Bool
 }
@@ -507,7 +504,6 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { ep.wait.Close() })
-	ep.qpKey, ep.port, ep.devName = ep.id.QPKey(), ep.id.PortNum(), vctx.Name()
 	ep.unwatch, err = asyncevent.Watch(vctx, ep.deviceEvent)
 	return err
 }

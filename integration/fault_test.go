@@ -1000,13 +1000,10 @@ func TestInjectedDatagramCQOverrunFailsTheConn(t *testing.T) {
 	rxetest.CheckResources(t)
 	verbs.ShrinkCQ(1, 2)
 	t.Cleanup(disarmDeviceFaults)
-	srv := listenDgram(t, ctx)
+	srv, cli, to := resolvedDgramPair(t, ctx)
 	if srv == nil {
 		return
 	}
-	cli := listenDgram(t, ctx)
-	to, err := cli.Resolve(ctx, srv.LocalAddr().String())
-	require.NoError(t, err)
 	const n = 64
 	ms := make([]dgram.Message, n)
 	for i := range ms {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,29 +60,8 @@ func TestPortDownAndUpIsLogged(t *testing.T) {
 	}
 	require.NoError(t, p.client.Err())
 	require.NoError(t, p.server.Err())
-	sendOneWay(t, ctx, p.client, p.server)
-	sendOneWay(t, ctx, p.server, p.client)
-}
-
-// sendOneWay sends a message from one endpoint to the other and checks it
-// arrives.
-func sendOneWay(t *testing.T, ctx context.Context, from, to *endpoint.Endpoint) {
-	t.Helper()
-	rp, sp := newPool(t, to, 64, 1), newPool(t, from, 64, 1)
-	rb, err := rp.Get(ctx)
-	require.NoError(t, err)
-	require.NoError(t, to.PostRecv("recv", rb))
-	sb, err := sp.Get(ctx)
-	require.NoError(t, err)
-	copy(sb.Bytes(), "after the port came back")
-	require.NoError(t, from.PostSend("send", sb, 24))
-	c := next(t, from)
-	require.NoError(t, c.Err)
-	require.NoError(t, sp.Put(c.Buffer))
-	c = next(t, to)
-	require.NoError(t, c.Err)
-	require.Equal(t, "after the port came back", string(c.Buffer.Bytes()[:c.Len]))
-	require.NoError(t, rp.Put(c.Buffer))
+	require.NoError(t, echoOnce(t, ctx, p))
+	require.NoError(t, echoOnce(t, ctx, &pair{client: p.server, server: p.client}))
 }
 
 // keepAddressesOnDown keeps the netdev's IPv6 address through a down and

@@ -114,21 +114,21 @@ func (r *reader) unwatch(w *watcher) {
 	<-r.done
 }
 
-// LogPort logs ev to log if it is about port of the device named dev: the
+// LogPort logs ev to log if it is about port of device dev: the
 // port going down at warn level, coming back at info level, anything else
 // about it at debug level. RC retries carry a connection across a port
 // that comes back within the transport's retry time, and a connection
 // fails by itself if it does not, so a port's state is only logged.
-func LogPort(log zerolog.Logger, ev verbs.AsyncEvent, port int, dev string) {
+func LogPort(log zerolog.Logger, ev verbs.AsyncEvent, port int, dev *verbs.Context) {
 	if ev.Port != port {
 		return
 	}
 	switch ev.Type {
 	case verbs.AsyncPortErr:
-		log.Warn().Str("device", dev).Int("port", port).Msg("the port went down (IBV_EVENT_PORT_ERR)")
+		log.Warn().Str("device", dev.Name()).Int("port", port).Msg("the port went down (IBV_EVENT_PORT_ERR)")
 	case verbs.AsyncPortActive:
-		log.Info().Str("device", dev).Int("port", port).Msg("the port is up again (IBV_EVENT_PORT_ACTIVE)")
+		log.Info().Str("device", dev.Name()).Int("port", port).Msg("the port is up again (IBV_EVENT_PORT_ACTIVE)")
 	default:
-		log.Debug().Str("device", dev).Int("port", port).Stringer("event", ev.Type).Msg("asynchronous event")
+		log.Debug().Str("device", dev.Name()).Int("port", port).Stringer("event", ev.Type).Msg("asynchronous event")
 	}
 }
