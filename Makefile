@@ -56,15 +56,16 @@ test-host: build
 # (-p 1: Soft-RoCE drops completions when many processes drive it at once).
 # A missing device fails these tests instead of skipping them.
 # integration/removal removes the device under a process and puts it back,
-# in a guest of its own.
+# and integration/portdown takes its link down under traffic (which leaves
+# rxe's CM unable to connect), each in a guest of its own.
 test-rxe: build
-	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration ./integration/removal
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration ./integration/removal ./integration/portdown
 
 # soft-iWARP: the same device suite on siw0. bin/rxevm builds siw.ko for the
 # guest's kernel once (Debian ships none) and caches it beside the kernel.
 # What iWARP lacks (atomics, immediate data) is asserted as a typed refusal.
 test-siw: build
-	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration ./integration/removal
+	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec '$(RXEVM) -device siw' ./integration ./integration/removal ./integration/portdown
 
 # The same device suite on rxe0 and on siw0 without the race detector,
 # which slows the process several times over and can hide a race between

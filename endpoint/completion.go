@@ -370,6 +370,7 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	}
 	switch {
 	case err.Status != StatusFlushed:
+		err.portDown = ep.portDown()
 		if ep.failing != nil {
 			ep.failing.Stop() // an unexplained flush's: this failure explains it
 		}

@@ -36,7 +36,7 @@ func (ep *Endpoint) deviceEvent(ev verbs.AsyncEvent) {
 		}
 		ep.poller.wake()
 	case ev.Type.EndsQP() && ev.Element == ep.id.QPKey():
-		ep.qpFailedOnDevice(cause())
+		ep.qpFailedOnDevice(ep.whilePortDown(cause()))
 	default:
 		asyncevent.LogPort(ep.cfg.Logger, ev, ep.id.PortNum(), dev)
 	}

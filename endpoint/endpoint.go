@@ -380,12 +380,15 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 	ctl := &seam.Control{
 		PeerGone: func(cause error) {
 			ep.mu.Lock()
-			if ep.closing {
+			closing := ep.closing
+			ep.mu.Unlock()
+			if closing {
 				// This side's Close came first: its own disconnect is what
 				// the CM reports (iWARP does, to the side that closes).
 				cause = ep.closedHere()
+			} else {
+				cause = ep.whilePortDown(cause)
 			}
-			ep.mu.Unlock()
 			ep.setDone(cause)
 			ep.disconnect()
 		},

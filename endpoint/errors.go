@@ -44,7 +44,62 @@ var (
 	// Package dgram's Conn fails its reads and writes with it when its
 	// queue pair or a completion queue fails.
 	ErrDeviceFailure = errors.New("endpoint: the device reported a failure")
+	// ErrPortDown: the port of the device the connection runs on was not
+	// active when one of its work requests failed, or when the connection
+	// ended for a reason other than this side's Close: its link is down
+	// (Soft-RoCE's and soft-iWARP's ports follow their netdev). The error
+	// names the device, the port and its state. On Soft-RoCE a request
+	// sent while the port is down fails at once, and a connection that
+	// sends nothing then survives; soft-iWARP ends every connection on
+	// the port. Once the port is active again, soft-iWARP makes new
+	// connections; Soft-RoCE on Linux 6.1 makes none after a connection
+	// was closed while its port was down, until the device is re-created
+	// (docs/DESIGN.md).
+	ErrPortDown = errors.New("endpoint: the connection's port is down")
 )
+
+// portDownError is the state of a port that was not active when a
+// connection failed or ended; it matches ErrPortDown.
+type portDownError struct {
+	dev   string
+	port  int
+	state verbs.PortState
+}
+
+func (e *portDownError) Error() string {
+	if e.state == verbs.PortDown {
+		return fmt.Sprintf("%s port %d is down", e.dev, e.port)
+	}
+	return fmt.Sprintf("%s port %d is not active (%v)", e.dev, e.port, e.state)
+}
+
+func (e *portDownError) Is(target error) bool { return target == ErrPortDown }
+
+// portDown is a *portDownError when the endpoint's port is not active now,
+// and nil when it is or its state cannot be read. A failure or an end the
+// port explains says so: without it, Soft-RoCE's requests sent while the
+// link is down fail as a bare "local QP operation error", and
+// soft-iWARP's connections end as if the peer had left.
+func (ep *Endpoint) portDown() error {
+	dev, port := ep.id.Context(), ep.id.PortNum()
+	state, err := dev.PortState(port)
+	if err != nil || state == verbs.PortActive {
+		return nil
+	}
+	return &portDownError{dev: dev.Name(), port: port, state: state}
+}
+
+// whilePortDown is cause, why the connection ended, naming the port too
+// when it is down (portDown).
+func (ep *Endpoint) whilePortDown(cause error) error {
+	if errors.Is(cause, ErrPortDown) {
+		return cause
+	}
+	if down := ep.portDown(); down != nil {
+		return fmt.Errorf("%w, while %w", cause, down)
+	}
+	return cause
+}
 
 // errClosedHere is ErrClosed as this side's Close causes it: it matches
 // net.ErrClosed too.
@@ -102,22 +157,30 @@ type CompletionError struct {
 	VendorErr uint32
 
 	closedBy error // the close it failed during (closedHere), nil before one began
+	portDown error // the port's state when it failed while the port was down (portDown)
 }
 
-// Error names the operation and the device's status.
+// Error names the operation and the device's status, and the port when
+// it was down.
 func (e *CompletionError) Error() string {
-	return fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
+	s := fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
+	if e.portDown != nil {
+		s += ", while " + e.portDown.Error()
+	}
+	return s
 }
 
-// Unwrap makes a flushed request match ErrClosed, and one that failed
-// during Close match what that close reports (net.ErrClosed as well, for
-// Close itself).
-func (e *CompletionError) Unwrap() error {
+// Unwrap makes a flushed request match ErrClosed, one that failed during
+// Close match what that close reports (net.ErrClosed as well, for Close
+// itself), and one that failed while the port was down ErrPortDown.
+func (e *CompletionError) Unwrap() []error {
 	switch {
 	case e.closedBy != nil:
-		return e.closedBy
+		return []error{e.closedBy}
 	case e.Status == StatusFlushed:
-		return ErrClosed
+		return []error{ErrClosed}
+	case e.portDown != nil:
+		return []error{e.portDown}
 	}
 	return nil
 }

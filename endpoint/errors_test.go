@@ -139,3 +139,22 @@ func TestEndpointNotMadeIsRefused(t *testing.T) {
 		require.Zero(t, s.Pending(), name)
 	}
 }
+
+// TestFailuresWhileThePortIsDownSaySo: a work request that failed while
+// the port was not active matches ErrPortDown and names the device, the
+// port and, unless it is plainly down, its state; it keeps its status,
+// and is no close.
+func TestFailuresWhileThePortIsDownSaySo(t *testing.T) {
+	down := &portDownError{dev: "rxe0", port: 1, state: verbs.PortDown}
+	failed := error(&CompletionError{Op: OpSend, Status: StatusLocalQPOp, portDown: down})
+	require.ErrorIs(t, failed, ErrPortDown)
+	require.NotErrorIs(t, failed, ErrClosed)
+	require.EqualError(t, failed, "endpoint: send failed: local QP operation error (status 2, vendor error 0x0), while rxe0 port 1 is down")
+	var ce *CompletionError
+	require.ErrorAs(t, failed, &ce)
+	require.Equal(t, StatusLocalQPOp, ce.Status)
+
+	initializing := &portDownError{dev: "siw0", port: 1, state: verbs.PortState(2)} // IBV_PORT_INIT
+	require.ErrorIs(t, initializing, ErrPortDown)
+	require.EqualError(t, initializing, "siw0 port 1 is not active (init)")
+}

@@ -1,9 +1,6 @@
 package integration
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,25 +20,21 @@ import (
 // On rxe the connection is not ended by it, and carries a message each
 // way afterwards; siw disconnects it, and a new one does. Nothing leaks.
 func TestPortDownAndUpIsLogged(t *testing.T) {
-	rxetest.Addr(t) // skips, or fails, without a device
-	netdev := os.Getenv("RDMACM_TEST_NETDEV")
-	if netdev == "" {
-		t.Skip("takes the device's netdev down and up: runs only in the testbed's guest (make test)")
-	}
+	netdev := rxetest.Netdev(t)
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	var log lockedBuffer
 	p := connect(t, ctx, cm.WithLogger(zerolog.New(&log)))
-	keepAddressesOnDown(t, netdev)
+	rxetest.KeepAddressesOnDown(t, netdev)
 
-	ipLink(t, netdev, "down")
+	rxetest.SetLink(t, netdev, "down")
 	logged := func(what string) func() bool {
 		return func() bool { return strings.Count(log.String(), what) == 2 }
 	}
 	require.Eventually(t, logged("went down (IBV_EVENT_PORT_ERR)"), 10*time.Second, 10*time.Millisecond,
 		"both ends log the port going down: %s", &log)
 	require.Contains(t, log.String(), `"level":"warn"`)
-	ipLink(t, netdev, "up")
+	rxetest.SetLink(t, netdev, "up")
 	require.Eventually(t, logged("up again (IBV_EVENT_PORT_ACTIVE)"), 10*time.Second, 10*time.Millisecond,
 		"both ends log the port coming back: %s", &log)
 	if rxetest.IWARP() {
@@ -62,26 +55,4 @@ func TestPortDownAndUpIsLogged(t *testing.T) {
 	require.NoError(t, p.server.Err())
 	require.NoError(t, echoOnce(t, ctx, p))
 	require.NoError(t, echoOnce(t, ctx, &pair{client: p.server, server: p.client}))
-}
-
-// keepAddressesOnDown keeps the netdev's IPv6 address through a down and
-// up, as its IPv4 address is kept (the kernel drops IPv6 addresses on
-// down by default), until the test ends: later tests dial it.
-func keepAddressesOnDown(t *testing.T, netdev string) {
-	path := filepath.Join("/proc/sys/net/ipv6/conf", netdev, "keep_addr_on_down")
-	was, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, []byte("1\n"), 0o644))
-	t.Cleanup(func() { require.NoError(t, os.WriteFile(path, was, 0o644)) })
-}
-
-// ipLink sets the netdev down or up; a netdev left down would fail every
-// later test, so it is put up again at cleanup whatever happened.
-func ipLink(t *testing.T, netdev, state string) {
-	t.Helper()
-	out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	if state == "down" {
-		t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
-	}
 }

@@ -71,15 +71,6 @@ static int go_mcast(struct ibv_qp *qp, struct ibv_ah_attr *a, int attach)
 	return attach ? ibv_attach_mcast(qp, &a->grh.dgid, a->dlid) : ibv_detach_mcast(qp, &a->grh.dgid, a->dlid);
 }
 
-// ibv_query_port is a macro over a compat symbol that cgo cannot call.
-static int go_active_mtu(struct ibv_context *ctx, uint8_t port, int *mtu)
-{
-	struct ibv_port_attr a;
-	int ret = ibv_query_port(ctx, port, &a);
-	*mtu = a.active_mtu;
-	return ret;
-}
-
 static uint32_t go_qkey(struct ibv_qp *qp, int *err)
 {
 	struct ibv_qp_attr attr;
@@ -189,15 +180,6 @@ func (id *CMID) AttachMulticast(group *UDParam) error {
 // DetachMulticast undoes AttachMulticast.
 func (id *CMID) DetachMulticast(group *UDParam) error {
 	return retErrno("ibv_detach_mcast", C.go_mcast(id.p.qp, &group.ahAttr, 0))
-}
-
-// ActiveMTU is the port's active MTU in bytes: the largest datagram payload.
-func (c *Context) ActiveMTU(port int) (int, error) {
-	var mtu C.int
-	if ret := C.go_active_mtu(c.p, C.uint8_t(port), &mtu); ret != 0 {
-		return 0, retErrno("ibv_query_port", ret)
-	}
-	return 1 << (int(mtu) + 7), nil
 }
 
 // AH is an address handle: the path to one datagram destination.

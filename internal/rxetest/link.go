@@ -1,0 +1,46 @@
+package rxetest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Netdev is the device's network interface, for tests that take its link
+// down and up; they skip outside the testbed's guest, whose interface
+// nothing else uses (RDMACM_TEST_NETDEV).
+func Netdev(t testing.TB) string {
+	t.Helper()
+	Addr(t) // skips, or fails, without a device
+	netdev := os.Getenv("RDMACM_TEST_NETDEV")
+	if netdev == "" {
+		t.Skip("takes the device's netdev down and up: runs only in the testbed's guest (make test)")
+	}
+	return netdev
+}
+
+// KeepAddressesOnDown keeps netdev's IPv6 address through a down and up,
+// as its IPv4 address is kept (the kernel drops IPv6 addresses on down by
+// default), until the test ends: later tests dial it.
+func KeepAddressesOnDown(t testing.TB, netdev string) {
+	path := filepath.Join("/proc/sys/net/ipv6/conf", netdev, "keep_addr_on_down")
+	was, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, []byte("1\n"), 0o644))
+	t.Cleanup(func() { require.NoError(t, os.WriteFile(path, was, 0o644)) })
+}
+
+// SetLink sets netdev "down" or "up" (ip link); a netdev left down would
+// fail every later test, so it is put up again at cleanup whatever
+// happened.
+func SetLink(t testing.TB, netdev, state string) {
+	t.Helper()
+	out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	if state == "down" {
+		t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
+	}
+}
