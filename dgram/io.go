@@ -285,7 +285,8 @@ type sender struct {
 	seq         uint64        // sends posted, ever; a send's WRID is its seq
 	done        atomic.Uint64 // seq of the last send known complete
 	maxInline   int
-	err         error // a send failed: the QP is in the error state
+	err         error             // a send failed: the QP is in the error state
+	whyFailed   func(error) error // a send's failure, naming the port if it is down
 	wr          verbs.SendWR
 	touched     []*path
 }
@@ -323,7 +324,7 @@ func (s *sender) reclaim(cq *verbs.CQ) (int, error) {
 	for i := range n {
 		wc := cq.At(i)
 		if wc.Status != verbs.WCSuccess && s.err == nil {
-			s.err = fmt.Errorf("dgram: a send failed (%v, vendor error %#x): %w", wc.Status, wc.VendorErr, endpoint.ErrClosed)
+			s.err = s.whyFailed(fmt.Errorf("dgram: a send failed (%v, vendor error %#x): %w", wc.Status, wc.VendorErr, endpoint.ErrClosed))
 		}
 		for s.head < len(s.inflight) && s.inflight[s.head].seq <= wc.WRID {
 			s.idle = append(s.idle, s.inflight[s.head].slot)
@@ -356,7 +357,9 @@ func (s *sender) drain(cq *verbs.CQ, d time.Duration) {
 // for a free send slot, until the write deadline. Once a write has seen
 // the device fail an earlier send (the queue pair is then broken), it and
 // every write after it fail with an error matching endpoint.ErrClosed but
-// not net.ErrClosed: the Conn can send no more, but only Close closes it.
+// not net.ErrClosed (and endpoint.ErrPortDown, naming the port, when the
+// port was down as the failure was found): the Conn can send no more, but
+// only Close closes it.
 func (c *Conn) WriteTo(p []byte, addr net.Addr) (int, error) {
 	if !c.ok() {
 		return 0, syscall.EINVAL

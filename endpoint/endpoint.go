@@ -387,7 +387,7 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 				// the CM reports (iWARP does, to the side that closes).
 				cause = ep.closedHere()
 			} else {
-				cause = ep.whilePortDown(cause)
+				cause = whilePortDown(ep.id.Context(), ep.id.PortNum(), cause)
 			}
 			ep.setDone(cause)
 			ep.disconnect()

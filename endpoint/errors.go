@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/go-rdma/rdmacm/internal/seam"
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
 
@@ -75,13 +76,12 @@ func (e *portDownError) Error() string {
 
 func (e *portDownError) Is(target error) bool { return target == ErrPortDown }
 
-// portDown is a *portDownError when the endpoint's port is not active now,
-// and nil when it is or its state cannot be read. A failure or an end the
-// port explains says so: without it, Soft-RoCE's requests sent while the
-// link is down fail as a bare "local QP operation error", and
-// soft-iWARP's connections end as if the peer had left.
-func (ep *Endpoint) portDown() error {
-	dev, port := ep.id.Context(), ep.id.PortNum()
+// portDown is a *portDownError when port of dev is not active now, and
+// nil when it is or its state cannot be read. A failure or an end the port
+// explains says so: without it, Soft-RoCE's requests sent while the link
+// is down fail as a bare "local QP operation error", and soft-iWARP's
+// connections end as if the peer had left.
+func portDown(dev *verbs.Context, port int) error {
 	state, err := dev.PortState(port)
 	if err != nil || state == verbs.PortActive {
 		return nil
@@ -89,17 +89,20 @@ func (ep *Endpoint) portDown() error {
 	return &portDownError{dev: dev.Name(), port: port, state: state}
 }
 
-// whilePortDown is cause, why the connection ended, naming the port too
-// when it is down (portDown).
-func (ep *Endpoint) whilePortDown(cause error) error {
+// whilePortDown is seam.WhilePortDown: cause, why a connection (or a
+// datagram Conn's queue pair) failed, naming the port too when it is down
+// (portDown).
+func whilePortDown(dev *verbs.Context, port int, cause error) error {
 	if errors.Is(cause, ErrPortDown) {
 		return cause
 	}
-	if down := ep.portDown(); down != nil {
+	if down := portDown(dev, port); down != nil {
 		return fmt.Errorf("%w, while %w", cause, down)
 	}
 	return cause
 }
+
+func init() { seam.WhilePortDown = whilePortDown }
 
 // errClosedHere is ErrClosed as this side's Close causes it: it matches
 // net.ErrClosed too.

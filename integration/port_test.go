@@ -56,3 +56,33 @@ func TestPortDownAndUpIsLogged(t *testing.T) {
 	require.NoError(t, echoOnce(t, ctx, p))
 	require.NoError(t, echoOnce(t, ctx, &pair{client: p.server, server: p.client}))
 }
+
+// TestDatagramSendWhilePortDownNamesThePort: the device's netdev taken
+// down under a datagram Conn that keeps writing. Soft-RoCE fails the
+// sends, which breaks the queue pair; the first write that finds it
+// fails with an error matching endpoint.ErrPortDown and naming the port
+// (it still matches endpoint.ErrClosed), and so does every write after
+// it, the port up again or not. On iWARP dgram refuses the Conn
+// (listenDgram).
+func TestDatagramSendWhilePortDownNamesThePort(t *testing.T) {
+	netdev := rxetest.Netdev(t)
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	_, cli, to := resolvedDgramPair(t, ctx)
+	if cli == nil {
+		return
+	}
+	rxetest.KeepAddressesOnDown(t, netdev)
+	rxetest.SetLink(t, netdev, "down")
+	var err error
+	for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
+		_, err = cli.WriteTo([]byte("over a link that is down"), to)
+		time.Sleep(time.Millisecond)
+	}
+	require.ErrorIs(t, err, endpoint.ErrPortDown)
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.ErrorContains(t, err, rxetest.Device()+" port 1 is down")
+	rxetest.SetLink(t, netdev, "up")
+	_, err = cli.WriteTo([]byte("after"), to)
+	require.ErrorIs(t, err, endpoint.ErrPortDown, "the queue pair stays broken, and says why")
+}

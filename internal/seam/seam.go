@@ -256,4 +256,8 @@ var (
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
+	// WhilePortDown is cause, why a queue pair on port of dev failed, also
+	// matching endpoint.ErrPortDown and naming the port when the port is
+	// not active now.
+	WhilePortDown func(dev *verbs.Context, port int, cause error) error
 )
