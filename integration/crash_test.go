@@ -317,49 +317,100 @@ func TestClientKilledMidStream(t *testing.T) {
 	require.ErrorIs(t, <-served, msg.ErrShutdown)
 }
 
+// busyCallers is an RPC server process (the helper's "server" role, on a
+// port of this process's picked by offset) and a client of it whose 8
+// callers call until a call fails, each sending its failure, with the
+// time, on failed. It returns once 200 calls succeeded; calls counts
+// them. The client is closed and the process killed at cleanup.
+func busyCallers(t *testing.T, ctx context.Context, offset int) (server *exec.Cmd, addr string, cl *msg.Client, calls *atomic.Int64, failed <-chan callFailure) {
+	t.Helper()
+	port := fmt.Sprint(21000 + (os.Getpid()+offset)%10000)
+	addr = net.JoinHostPort(rxetest.Addr(t), port)
+	server = startHelper(t, "server", "listening", addr)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { cl.Close() })
+	calls = new(atomic.Int64)
+	results := make(chan callFailure, 8)
+	for g := range 8 {
+		go func() {
+			for i := 0; ; i++ {
+				if _, err := cl.Call(ctx, "echo", fmt.Appendf(nil, "%d-%d", g, i)); err != nil {
+					results <- callFailure{time.Now(), err}
+					return
+				}
+				calls.Add(1)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return calls.Load() > 200 }, 30*time.Second, 10*time.Millisecond)
+	return server, addr, cl, calls, results
+}
+
+// callFailure is a busy caller's failed call: when, and why.
+type callFailure struct {
+	at  time.Time
+	err error
+}
+
 // TestServerKilledUnderClient: a server process is killed while callers
 // are busy; every call returns an error within crashBound; none hangs.
 func TestServerKilledUnderClient(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	port := fmt.Sprint(21000 + os.Getpid()%10000)
-	addr := net.JoinHostPort(rxetest.Addr(t), port)
-	child := startHelper(t, "server", "listening", addr)
-	cl, err := msg.DialClient(ctx, addr)
-	require.NoError(t, err)
-	defer cl.Close()
-	var ok atomic.Int64
-	var killed atomic.Pointer[time.Time]
-	type failure struct {
-		after time.Duration
-		err   error
-	}
-	results := make(chan failure, 8)
-	for g := range 8 {
-		go func() {
-			for i := 0; ; i++ {
-				if _, err := cl.Call(ctx, "echo", fmt.Appendf(nil, "%d-%d", g, i)); err != nil {
-					results <- failure{time.Since(*killed.Load()), err}
-					return
-				}
-				ok.Add(1)
-			}
-		}()
-	}
-	require.Eventually(t, func() bool { return ok.Load() > 200 }, 30*time.Second, 10*time.Millisecond)
+	child, _, cl, calls, failed := busyCallers(t, ctx, 0)
 	now := time.Now()
-	killed.Store(&now)
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	for range 8 {
 		select {
-		case f := <-results:
-			require.Less(t, f.after, crashBound)
+		case f := <-failed:
+			require.Less(t, f.at.Sub(now), crashBound)
 			require.ErrorIs(t, f.err, cm.ErrPeerDisconnected, "the call's error says why")
 		case <-time.After(crashBound + time.Second):
 			t.Fatal("a call still hangs after the server was killed")
 		}
 	}
-	t.Logf("%d calls before the kill; all 8 callers failed within %v", ok.Load(), time.Since(now))
-	_, err = cl.Call(ctx, "echo", nil)
+	t.Logf("%d calls before the kill; all 8 callers failed within %v", calls.Load(), time.Since(now))
+	_, err := cl.Call(ctx, "echo", nil)
 	require.ErrorIs(t, err, cm.ErrPeerDisconnected, "later calls fail at once")
+}
+
+// frozenBound is how long a caller of a frozen server may wait for its
+// call to fail: msg's default keepalive timeout (10 s), after which the
+// silent peer ends the connection, and time to notice it.
+const frozenBound = 15 * time.Second
+
+// TestServerFrozenUnderClient: a server process is stopped (SIGSTOP) while
+// callers are busy. Its kernel still acknowledges what the client sends,
+// so only msg's keepalive can tell: every call fails within frozenBound
+// with an error matching msg.ErrPeerSilent, later calls fail at once, and
+// the client frees everything. Once the server runs again (SIGCONT), it
+// finds that connection over and serves a new one.
+func TestServerFrozenUnderClient(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	child, addr, cl, calls, failed := busyCallers(t, ctx, 1)
+	stopped := time.Now()
+	require.NoError(t, child.Process.Signal(syscall.SIGSTOP))
+	defer child.Process.Signal(syscall.SIGCONT)
+	for range 8 {
+		select {
+		case f := <-failed:
+			require.ErrorIs(t, f.err, msg.ErrPeerSilent, "the call's error says why")
+		case <-time.After(frozenBound - time.Since(stopped)):
+			t.Fatal("a call still hangs after the server froze")
+		}
+	}
+	t.Logf("%d calls before the stop; all 8 callers failed within %v", calls.Load(), time.Since(stopped))
+	_, err := cl.Call(ctx, "echo", nil)
+	require.ErrorIs(t, err, msg.ErrPeerSilent, "later calls fail at once")
+	require.NoError(t, cl.Close())
+
+	require.NoError(t, child.Process.Signal(syscall.SIGCONT))
+	again, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err, "the server, running again, takes a new connection")
+	defer again.Close()
+	resp, err := again.Call(ctx, "echo", []byte("awake"))
+	require.NoError(t, err)
+	require.Equal(t, "awake", string(resp))
 }
