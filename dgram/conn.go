@@ -305,7 +305,7 @@ func listen(host, port string, o options) (_ *Conn, err error) {
 		return nil, err
 	}
 	undo = append(undo, func() { c.id.DestroyQP() })
-	if c.unwatch, err = asyncevent.Watch(c.vctx, c.deviceEvent); err != nil {
+	if c.unwatch, err = asyncevent.Watch(c.vctx, c.deviceEvent, c.log); err != nil {
 		return nil, err
 	}
 	undo = append(undo, c.unwatch)

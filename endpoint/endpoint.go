@@ -507,7 +507,7 @@ func (ep *Endpoint) create(vctx *verbs.Context) (err error) {
 		return err
 	}
 	undo = append(undo, func() { ep.wait.Close() })
-	ep.unwatch, err = asyncevent.Watch(vctx, ep.deviceEvent)
+	ep.unwatch, err = asyncevent.Watch(vctx, ep.deviceEvent, ep.cfg.Logger)
 	return err
 }
 

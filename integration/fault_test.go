@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -170,6 +171,7 @@ func (f *faultedWrite) completions(t *testing.T) (write, recv endpoint.Completio
 // for good or for a count not used up.
 func disarmDeviceFaults() {
 	verbs.FailCMEvents(nil, 0)
+	verbs.FailAsyncEvents(nil, 0)
 	verbs.FailCQEvents(nil, 0)
 	verbs.FailCQArms(nil, 0)
 	verbs.FailQPMoves(nil, 0)
@@ -1079,4 +1081,50 @@ func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
 		}
 	}
 	require.Positive(t, failed, "the senders outlived the connection")
+}
+
+// TestInjectedAsyncEventReadFailureIsLogged: reading the device's
+// asynchronous events fails (verbs.FailAsyncEvents) at the event its
+// netdev going down raises. Each end of a connection on the device logs,
+// at error level and with the failure, that the device's failures now go
+// unnoticed; on rxe the connection carries on and echoes afterwards. A
+// connection made afterwards has the device's events read again, by a new
+// reader: each of its ends logs the port's going down and coming back
+// once more, while the first connection's ends hear nothing. Nothing
+// leaks.
+func TestInjectedAsyncEventReadFailureIsLogged(t *testing.T) {
+	netdev := rxetest.Netdev(t)
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	t.Cleanup(disarmDeviceFaults)
+	var log, after lockedBuffer
+	p := connect(t, ctx, cm.WithLogger(zerolog.New(&log)))
+	rxetest.KeepAddressesOnDown(t, netdev)
+	verbs.FailAsyncEvents(errors.New("injected async event failure"), 1)
+	rxetest.SetLink(t, netdev, "down")
+	logged := func(b *lockedBuffer, what string) func() bool {
+		return func() bool { return strings.Count(b.String(), what) == 2 }
+	}
+	require.Eventually(t, logged(&log, "can no longer be read"), 10*time.Second, 10*time.Millisecond,
+		"both ends log the loss: %s", &log)
+	require.Equal(t, 2, strings.Count(log.String(), `"level":"error"`), "%s", &log)
+	require.Contains(t, log.String(), "injected async event failure")
+	rxetest.SetLink(t, netdev, "up")
+	if !rxetest.IWARP() { // siw disconnects on a netdev going down (TestPortDownAndUpIsLogged)
+		require.NoError(t, echoOnce(t, ctx, p))
+	}
+
+	connect(t, ctx, cm.WithLogger(zerolog.New(&after)))
+	rxetest.SetLink(t, netdev, "down")
+	rxetest.SetLink(t, netdev, "up")
+	// The events the dead reader left unread come first, and may add to
+	// the count.
+	loggedByBoth := func(what string) func() bool {
+		return func() bool { return strings.Count(after.String(), what) >= 2 }
+	}
+	require.Eventually(t, loggedByBoth("went down (IBV_EVENT_PORT_ERR)"), 10*time.Second, 10*time.Millisecond,
+		"a new connection's events are read again: %s", &after)
+	require.Eventually(t, loggedByBoth("up again (IBV_EVENT_PORT_ACTIVE)"), 10*time.Second, 10*time.Millisecond,
+		"a new connection's events are read again: %s", &after)
+	require.NotContains(t, log.String(), "went down", "the first connection's reader is gone")
 }

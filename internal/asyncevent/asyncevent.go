@@ -6,11 +6,14 @@
 // fail with no work posted to flush.
 //
 // One goroutine per device context reads while the context has a watcher:
-// the first Watch starts it, the last stop ends it and waits for it.
+// the first Watch starts it, the last stop ends it and waits for it. A
+// reader whose read fails tells its watchers' logs and stops; the next
+// Watch on the context starts another.
 package asyncevent
 
 import (
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/rs/zerolog"
@@ -29,13 +32,19 @@ type reader struct {
 	ev     verbs.AsyncEvent
 	getErr error
 
+	stopping atomic.Bool // the last watcher stopped it: a failed Wait is no loss
+	dead     atomic.Bool // a read failed: read has returned
+
 	// mu guards watchers and is held while an event is handed out, so
 	// that a watcher's stop returns only once its func is not running.
 	mu       sync.Mutex
 	watchers map[*watcher]struct{}
 }
 
-type watcher struct{ on func(verbs.AsyncEvent) }
+type watcher struct {
+	on  func(verbs.AsyncEvent)
+	log zerolog.Logger
+}
 
 var (
 	// lifeMu orders starting and stopping readers.
@@ -46,18 +55,19 @@ var (
 // Watch calls on with every asynchronous event of dev, from the reader's
 // goroutine, until stop is called. on must not wait for anything that
 // waits for stop. stop returns once on is not running and never will be
-// again; call it once.
-func Watch(dev *verbs.Context, on func(verbs.AsyncEvent)) (stop func(), err error) {
+// again; call it once. If the events can no longer be read, log says so
+// at error level, and on hears nothing more.
+func Watch(dev *verbs.Context, on func(verbs.AsyncEvent), log zerolog.Logger) (stop func(), err error) {
 	lifeMu.Lock()
 	defer lifeMu.Unlock()
 	r := readers[dev.Key()]
-	if r == nil {
+	if r == nil || r.dead.Load() {
 		if r, err = start(dev); err != nil {
 			return nil, err
 		}
 		readers[dev.Key()] = r
 	}
-	w := &watcher{on: on}
+	w := &watcher{on: on, log: log}
 	r.mu.Lock()
 	r.watchers[w] = struct{}{}
 	r.mu.Unlock()
@@ -84,18 +94,36 @@ func (r *reader) take() bool {
 }
 
 // read hands out events until the last watcher stops it, or a read fails
-// (the device went away): then its watchers hear nothing more, as they
-// would from a device with nothing to report, and learn of the end from
-// their own objects.
+// (the device went away, say). Then each watcher's log says that its
+// device's failures will go unnoticed, which is all that changes: each
+// connection still learns of its own end from its own objects. The
+// reader is dead from then on, and the next Watch starts another.
 func (r *reader) read() {
 	defer close(r.done)
-	for r.wait.Wait() == nil && r.getErr == nil {
+	var err error
+	for {
+		if err = r.wait.Wait(); err == nil {
+			err = r.getErr
+		}
+		if err != nil {
+			break
+		}
 		r.mu.Lock()
 		for w := range r.watchers {
 			w.on(r.ev)
 		}
 		r.mu.Unlock()
 	}
+	if r.stopping.Load() {
+		return
+	}
+	r.dead.Store(true)
+	r.mu.Lock()
+	for w := range r.watchers {
+		w.log.Error().Err(err).Str("device", r.dev.Name()).
+			Msg("the device's asynchronous events can no longer be read: a CQ overrun, a QP's or the device's failure goes unnoticed")
+	}
+	r.mu.Unlock()
 }
 
 // unwatch removes w; the last watcher stops the reader and waits for it.
@@ -109,7 +137,10 @@ func (r *reader) unwatch(w *watcher) {
 	if !last {
 		return
 	}
-	delete(readers, r.dev.Key())
+	if readers[r.dev.Key()] == r { // a dead one may have a successor
+		delete(readers, r.dev.Key())
+	}
+	r.stopping.Store(true)
 	r.wait.Close()
 	<-r.done
 }

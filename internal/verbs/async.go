@@ -67,6 +67,9 @@ func (c *Context) PrepareAsync() (int, error) {
 // once: destroying a QP, CQ or SRQ waits until every event read for it is
 // acked, and the caller needs nothing more of the event than its copy.
 func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
+	if err := c.injectedAsyncFault(); err != nil {
+		return AsyncEvent{}, err
+	}
 	var ev C.struct_ibv_async_event
 	if ret, err := C.ibv_get_async_event(c.p, &ev); ret != 0 {
 		if err == syscall.EAGAIN {

@@ -31,6 +31,7 @@ var fault struct {
 	arm     repeated    // armed: arming a CQ fails
 	qpMove  repeated    // armed: moving a QP to the error state fails
 	cmEvent repeated    // armed: reads of a pending CM event fail
+	async   repeated    // armed: reads of a pending asynchronous event fail
 	discon  error       // armed: the next rdma_disconnect fails
 	listen6 error       // armed: rdma_listen of IPv6 addresses fails
 	create  creation    // armed: a creation of create.kind fails
@@ -39,8 +40,8 @@ var fault struct {
 	fired   int         // failures injected so far (Injected)
 }
 
-// ForGood, as the count of FailCQEvents, FailCQArms, FailQPMoves or
-// FailCMEvents, fails every call until the fault is armed again (with a
+// ForGood, as the count of FailCQEvents, FailCQArms, FailQPMoves,
+// FailCMEvents or FailAsyncEvents, fails every call until the fault is armed again (with a
 // nil error to disarm it).
 const ForGood = -1
 
@@ -78,9 +79,10 @@ func (r *repeated) take() error {
 }
 
 // Injected returns how many failures the faults armed with a count
-// (FailCQEvents, FailCQArms, FailQPMoves, FailCMEvents) and FailCreate
-// have injected in this process, so that a test can bound how often a
-// failed device is tried again, or know that a creation was refused.
+// (FailCQEvents, FailCQArms, FailQPMoves, FailCMEvents, FailAsyncEvents)
+// and FailCreate have injected in this process, so that a test can bound
+// how often a failed device is tried again, or know that a creation was
+// refused.
 func Injected() int {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
@@ -252,6 +254,19 @@ func FailCMEvents(err error, times int) {
 // injectedFault fails this GetEvent as FailCMEvents armed it.
 func (c *EventChannel) injectedFault() error {
 	return injectedReadFault(&fault.cmEvent, c.Fd())
+}
+
+// FailAsyncEvents makes the next times reads of a device's pending
+// asynchronous event (or every one: ForGood), on any device context of
+// the process, fail with err and leave the event unread. A nil err
+// disarms it.
+func FailAsyncEvents(err error, times int) {
+	fault.async.set(err, times)
+}
+
+// injectedAsyncFault fails this GetAsyncEvent as FailAsyncEvents armed it.
+func (c *Context) injectedAsyncFault() error {
+	return injectedReadFault(&fault.async, int(c.p.async_fd))
 }
 
 // FailCQArms makes the next times ReqNotify calls (or every one:

@@ -10,6 +10,7 @@ func (cq *CQ) injectedFault(n int) (int, error)        { return n, nil }
 func (cq *CQ) forgetStash()                            {}
 func (ch *CompChannel) injectedFault() error           { return nil }
 func (c *EventChannel) injectedFault() error           { return nil }
+func (c *Context) injectedAsyncFault() error           { return nil }
 func injectedDisconnectFault() error                   { return nil }
 func injectedArmFault() error                          { return nil }
 func injectedQPMoveFault() error                       { return nil }
