@@ -548,8 +548,8 @@ func (l *Listener) acceptLoop() {
 func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 	peer, err := parseHello(req.PrivateData())
 	if err != nil {
-		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: rejecting a connect request")
 		req.Reject([]byte("msg: no hello"))
+		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: rejected a connect request")
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, handshakeTimeout)
@@ -580,9 +580,11 @@ func (l *Listener) handshake(req *cm.Request) (*Conn, error) {
 		// This side's failure too (its send buffers' memory), and this
 		// connection's alone: it ends, and Accept waits on, so that a
 		// server's accept loop (net/http's over rdmanet) goes on serving.
-		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: could not set an accepted connection up; it was closed")
+		// The warning comes once the connection is freed, so that what
+		// it says is true when a reader of the log sees it.
 		ep.Close()
 		abandon(b, pool)
+		l.o.logger.Warn().Err(err).Stringer("peer", req.RemoteAddr()).Msg("msg: could not set an accepted connection up; it was closed")
 		return nil, nil
 	}
 	return c, nil
