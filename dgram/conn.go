@@ -327,7 +327,7 @@ func listen(host, port string, o options) (_ *Conn, err error) {
 		return nil, err
 	}
 	undo = append(undo, c.tx.release)
-	c.tx.whyFailed = func(err error) error { return seam.WhilePortDown(c.vctx, c.port, err) }
+	c.tx.whyFailed = func(err error) error { return seam.WhileLocalFault(c.vctx, c.port, la, err) }
 	c.paths.init(o.peers, func(s *verbs.Sender) (*verbs.AH, error) { return c.pd.PD().AHTo(c.port, s) })
 	undo = append(undo, c.paths.free)
 	if err = c.rx.postAll(c.id); err != nil {

@@ -370,7 +370,7 @@ func (ep *Endpoint) completionError(op Op, wc verbs.WC) error {
 	}
 	switch {
 	case err.Status != StatusFlushed:
-		err.portDown = portDown(ep.id.Context(), ep.id.PortNum())
+		err.local = ep.localFault()
 		if ep.failing != nil {
 			ep.failing.Stop() // an unexplained flush's: this failure explains it
 		}

@@ -36,7 +36,7 @@ func (ep *Endpoint) deviceEvent(ev verbs.AsyncEvent) {
 		}
 		ep.poller.wake()
 	case ev.Type.EndsQP() && ev.Element == ep.id.QPKey():
-		ep.qpFailedOnDevice(whilePortDown(dev, ep.id.PortNum(), cause()))
+		ep.qpFailedOnDevice(ep.whileLocalFault(cause()))
 	default:
 		asyncevent.LogPort(ep.cfg.Logger, ev, ep.id.PortNum(), dev)
 	}

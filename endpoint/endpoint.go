@@ -387,7 +387,12 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 				// the CM reports (iWARP does, to the side that closes).
 				cause = ep.closedHere()
 			} else {
-				cause = whilePortDown(ep.id.Context(), ep.id.PortNum(), cause)
+				// The port only: a peer's orderly close comes this way,
+				// once per connection, and listing the host's addresses
+				// would cost it more than a port query. Neither device
+				// ends a connection by the CM's word when its address is
+				// deleted: a request fails, or the peer goes silent.
+				cause = whileLocalFault(ep.id.Context(), ep.id.PortNum(), nil, cause)
 			}
 			ep.setDone(cause)
 			ep.disconnect()

@@ -57,6 +57,15 @@ var (
 	// was closed while its port was down, until the device is re-created
 	// (docs/DESIGN.md).
 	ErrPortDown = errors.New("endpoint: the connection's port is down")
+	// ErrAddressGone: the connection's local IP address was assigned to
+	// no interface of this host when one of its work requests failed, or
+	// when the device failed its QP, or (package msg) when its peer went
+	// silent: an operator or a DHCP client removed it. The error names the
+	// address. Soft-RoCE fails a request sent then at once; soft-iWARP's
+	// connection goes silent, and package msg's keepalive ends it with an
+	// error that matches this as well as msg.ErrPeerSilent. Connections
+	// made once the address is back work.
+	ErrAddressGone = errors.New("endpoint: the connection's local address is gone")
 )
 
 // portDownError is the state of a port that was not active when a
@@ -76,33 +85,83 @@ func (e *portDownError) Error() string {
 
 func (e *portDownError) Is(target error) bool { return target == ErrPortDown }
 
-// portDown is a *portDownError when port of dev is not active now, and
-// nil when it is or its state cannot be read. A failure or an end the port
-// explains says so: without it, Soft-RoCE's requests sent while the link
-// is down fail as a bare "local QP operation error", and soft-iWARP's
-// connections end as if the peer had left.
-func portDown(dev *verbs.Context, port int) error {
-	state, err := dev.PortState(port)
-	if err != nil || state == verbs.PortActive {
-		return nil
-	}
-	return &portDownError{dev: dev.Name(), port: port, state: state}
+// addressGoneError is a connection's local address, assigned to no
+// interface when the connection failed or ended; it matches
+// ErrAddressGone.
+type addressGoneError struct{ ip net.IP }
+
+func (e *addressGoneError) Error() string {
+	return fmt.Sprintf("%v is no longer an address of this host", e.ip)
 }
 
-// whilePortDown is seam.WhilePortDown: cause, why a connection (or a
-// datagram Conn's queue pair) failed, naming the port too when it is down
-// (portDown).
-func whilePortDown(dev *verbs.Context, port int, cause error) error {
-	if errors.Is(cause, ErrPortDown) {
+func (e *addressGoneError) Is(target error) bool { return target == ErrAddressGone }
+
+// localFault is what, on this host, explains a connection's failure or
+// end now: its port (port of dev) not active (a *portDownError), or its
+// local address (local, the id's bound address) assigned to no interface
+// (an *addressGoneError; not checked when local is nil). It is nil when
+// neither holds or neither can be read. Without it, Soft-RoCE's requests
+// sent while the link is down or the address is gone fail as a bare
+// "local QP operation error", and soft-iWARP's connections end as if the
+// peer had left, or had gone silent.
+//
+// The states are read when the failure comes rather than taken from the
+// device's port events or the kernel's address notices: those arrive on
+// other descriptors, and may arrive after the failure.
+func localFault(dev *verbs.Context, port int, local net.Addr) error {
+	if state, err := dev.PortState(port); err == nil && state != verbs.PortActive {
+		return &portDownError{dev: dev.Name(), port: port, state: state}
+	}
+	return addressGone(local)
+}
+
+// addressGone is an *addressGoneError when local, an id's bound address,
+// is a specific IP address that no interface of this host has now, and
+// nil otherwise, or when the interfaces cannot be listed.
+func addressGone(local net.Addr) error {
+	tcp, ok := local.(*net.TCPAddr)
+	if !ok || tcp.IP == nil || tcp.IP.IsUnspecified() {
+		return nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(tcp.IP) {
+			return nil
+		}
+	}
+	return &addressGoneError{ip: tcp.IP}
+}
+
+// whileLocalFault is seam.WhileLocalFault: cause, why a connection (or a
+// datagram Conn's queue pair) failed, naming its local fault too when
+// there is one (localFault).
+func whileLocalFault(dev *verbs.Context, port int, local net.Addr, cause error) error {
+	if errors.Is(cause, ErrPortDown) || errors.Is(cause, ErrAddressGone) {
 		return cause
 	}
-	if down := portDown(dev, port); down != nil {
-		return fmt.Errorf("%w, while %w", cause, down)
+	if fault := localFault(dev, port, local); fault != nil {
+		return fmt.Errorf("%w, while %w", cause, fault)
 	}
 	return cause
 }
 
-func init() { seam.WhilePortDown = whilePortDown }
+// localFault is localFault of ep's port and bound address.
+func (ep *Endpoint) localFault() error {
+	return localFault(ep.id.Context(), ep.id.PortNum(), ep.cfg.LocalAddr)
+}
+
+// whileLocalFault is whileLocalFault of ep's port and bound address.
+func (ep *Endpoint) whileLocalFault(cause error) error {
+	return whileLocalFault(ep.id.Context(), ep.id.PortNum(), ep.cfg.LocalAddr, cause)
+}
+
+func init() {
+	seam.WhileLocalFault = whileLocalFault
+	seam.EndpointWhileLocalFault = func(ep any, cause error) error { return ep.(*Endpoint).whileLocalFault(cause) }
+}
 
 // errClosedHere is ErrClosed as this side's Close causes it: it matches
 // net.ErrClosed too.
@@ -160,30 +219,31 @@ type CompletionError struct {
 	VendorErr uint32
 
 	closedBy error // the close it failed during (closedHere), nil before one began
-	portDown error // the port's state when it failed while the port was down (portDown)
+	local    error // what on this host explains it (localFault), if anything
 }
 
-// Error names the operation and the device's status, and the port when
-// it was down.
+// Error names the operation and the device's status, and the local fault
+// when there was one: the port down, or the address gone.
 func (e *CompletionError) Error() string {
 	s := fmt.Sprintf("endpoint: %v failed: %v (status %d, vendor error %#x)", e.Op, e.Status, uint32(e.Status), e.VendorErr)
-	if e.portDown != nil {
-		s += ", while " + e.portDown.Error()
+	if e.local != nil {
+		s += ", while " + e.local.Error()
 	}
 	return s
 }
 
 // Unwrap makes a flushed request match ErrClosed, one that failed during
 // Close match what that close reports (net.ErrClosed as well, for Close
-// itself), and one that failed while the port was down ErrPortDown.
+// itself), and one that failed while its port was down or its address
+// gone ErrPortDown or ErrAddressGone.
 func (e *CompletionError) Unwrap() []error {
 	switch {
 	case e.closedBy != nil:
 		return []error{e.closedBy}
 	case e.Status == StatusFlushed:
 		return []error{ErrClosed}
-	case e.portDown != nil:
-		return []error{e.portDown}
+	case e.local != nil:
+		return []error{e.local}
 	}
 	return nil
 }

@@ -146,7 +146,7 @@ func TestEndpointNotMadeIsRefused(t *testing.T) {
 // and is no close.
 func TestFailuresWhileThePortIsDownSaySo(t *testing.T) {
 	down := &portDownError{dev: "rxe0", port: 1, state: verbs.PortDown}
-	failed := error(&CompletionError{Op: OpSend, Status: StatusLocalQPOp, portDown: down})
+	failed := error(&CompletionError{Op: OpSend, Status: StatusLocalQPOp, local: down})
 	require.ErrorIs(t, failed, ErrPortDown)
 	require.NotErrorIs(t, failed, ErrClosed)
 	require.EqualError(t, failed, "endpoint: send failed: local QP operation error (status 2, vendor error 0x0), while rxe0 port 1 is down")
@@ -157,4 +157,34 @@ func TestFailuresWhileThePortIsDownSaySo(t *testing.T) {
 	initializing := &portDownError{dev: "siw0", port: 1, state: verbs.PortState(2)} // IBV_PORT_INIT
 	require.ErrorIs(t, initializing, ErrPortDown)
 	require.EqualError(t, initializing, "siw0 port 1 is not active (init)")
+}
+
+// TestFailuresWithTheAddressGoneSaySo: a connection bound to an address
+// no interface has (from the ranges kept for documentation, which no host
+// is given) has a local fault that matches ErrAddressGone and names the
+// address; one bound to an address this host has (loopback's), to a
+// wildcard, or to nothing known has none. A work request that failed so
+// keeps its status.
+func TestFailuresWithTheAddressGoneSaySo(t *testing.T) {
+	gone := addressGone(&net.TCPAddr{IP: net.ParseIP("192.0.2.77"), Port: 7471})
+	require.ErrorIs(t, gone, ErrAddressGone)
+	require.NotErrorIs(t, gone, ErrPortDown)
+	require.EqualError(t, gone, "192.0.2.77 is no longer an address of this host")
+	require.EqualError(t, addressGone(&net.TCPAddr{IP: net.ParseIP("2001:db8::77")}),
+		"2001:db8::77 is no longer an address of this host")
+	for _, here := range []net.Addr{
+		&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)},
+		&net.TCPAddr{IP: net.IPv6unspecified},
+		&net.TCPAddr{IP: net.IPv4zero},
+		&net.TCPAddr{},
+		&net.UDPAddr{IP: net.ParseIP("192.0.2.77")},
+		nil,
+	} {
+		require.NoError(t, addressGone(here), "%v", here)
+	}
+
+	failed := error(&CompletionError{Op: OpWrite, Status: StatusLocalQPOp, local: gone})
+	require.ErrorIs(t, failed, ErrAddressGone)
+	require.NotErrorIs(t, failed, ErrClosed)
+	require.EqualError(t, failed, "endpoint: RDMA write failed: local QP operation error (status 2, vendor error 0x0), while 192.0.2.77 is no longer an address of this host")
 }

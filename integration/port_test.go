@@ -57,32 +57,52 @@ func TestPortDownAndUpIsLogged(t *testing.T) {
 	require.NoError(t, echoOnce(t, ctx, &pair{client: p.server, server: p.client}))
 }
 
-// TestDatagramSendWhilePortDownNamesThePort: the device's netdev taken
-// down under a datagram Conn that keeps writing. Soft-RoCE fails the
-// sends, which breaks the queue pair; the first write that finds it
-// fails with an error matching endpoint.ErrPortDown and naming the port
-// (it still matches endpoint.ErrClosed), and so does every write after
-// it, the port up again or not. On iWARP dgram refuses the Conn
-// (listenDgram).
-func TestDatagramSendWhilePortDownNamesThePort(t *testing.T) {
+// TestDatagramSendWhileLocalFaultNamesIt: the device's netdev taken down,
+// or the Conn's address deleted from it, under a datagram Conn that keeps
+// writing. Soft-RoCE fails the sends, which breaks the queue pair; the
+// first write that finds it fails with an error matching
+// endpoint.ErrPortDown and naming the port, or endpoint.ErrAddressGone
+// and naming the address (it still matches endpoint.ErrClosed), and so
+// does every write after it, the port up or the address back again or
+// not. On iWARP dgram refuses the Conn (listenDgram).
+func TestDatagramSendWhileLocalFaultNamesIt(t *testing.T) {
 	netdev := rxetest.Netdev(t)
-	ctx := testContext(t)
-	rxetest.CheckResources(t)
-	_, cli, to := resolvedDgramPair(t, ctx)
-	if cli == nil {
-		return
+	addr := rxetest.Addr(t)
+	for _, fault := range []struct {
+		name string
+		want error
+		says string
+		// takeAway makes the fault, and returns what ends it.
+		takeAway func(t *testing.T) (giveBack func())
+	}{
+		{"PortDown", endpoint.ErrPortDown, rxetest.Device() + " port 1 is down", func(t *testing.T) func() {
+			rxetest.KeepAddressesOnDown(t, netdev)
+			rxetest.SetLink(t, netdev, "down")
+			return func() { rxetest.SetLink(t, netdev, "up") }
+		}},
+		{"AddressGone", endpoint.ErrAddressGone, addr + " is no longer an address of this host", func(t *testing.T) func() {
+			return rxetest.RemoveAddress(t, netdev, addr)
+		}},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			ctx := testContext(t)
+			rxetest.CheckResources(t)
+			_, cli, to := resolvedDgramPair(t, ctx)
+			if cli == nil {
+				return
+			}
+			giveBack := fault.takeAway(t)
+			var err error
+			for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
+				_, err = cli.WriteTo([]byte("with a local fault"), to)
+				time.Sleep(time.Millisecond)
+			}
+			require.ErrorIs(t, err, fault.want)
+			require.ErrorIs(t, err, endpoint.ErrClosed)
+			require.ErrorContains(t, err, fault.says)
+			giveBack()
+			_, err = cli.WriteTo([]byte("after"), to)
+			require.ErrorIs(t, err, fault.want, "the queue pair stays broken, and says why")
+		})
 	}
-	rxetest.KeepAddressesOnDown(t, netdev)
-	rxetest.SetLink(t, netdev, "down")
-	var err error
-	for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
-		_, err = cli.WriteTo([]byte("over a link that is down"), to)
-		time.Sleep(time.Millisecond)
-	}
-	require.ErrorIs(t, err, endpoint.ErrPortDown)
-	require.ErrorIs(t, err, endpoint.ErrClosed)
-	require.ErrorContains(t, err, rxetest.Device()+" port 1 is down")
-	rxetest.SetLink(t, netdev, "up")
-	_, err = cli.WriteTo([]byte("after"), to)
-	require.ErrorIs(t, err, endpoint.ErrPortDown, "the queue pair stays broken, and says why")
 }

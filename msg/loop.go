@@ -342,7 +342,9 @@ func (c *Conn) controlLoop() {
 		}
 		if silent := c.checkSilence(time.Now()); silent != nil {
 			c.mu.Unlock()
-			c.fail(silent)
+			// A peer silent because this side's link or address went
+			// away: the error says so.
+			c.fail(seam.EndpointWhileLocalFault(c.ep, silent))
 			return
 		}
 		if m, ok := c.takeStreamLocked(false); ok { // a credit came for the stream's held bytes

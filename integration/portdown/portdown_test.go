@@ -1,14 +1,17 @@
-// Package portdown takes the device's link down under connections that
-// keep sending. On the testbed's kernel a CM message sent while Soft-RoCE's
-// port is down (the disconnect of a connection that failed or closed then)
-// stops rxe's CM for good: no later connection on the device is made
-// until it is re-created. So this test has a package of its own, which
-// `make test` runs in a guest of its own.
+// Package portdown takes the device's address away, and its link down,
+// under connections that keep sending. On the testbed's kernel a CM
+// message sent while Soft-RoCE's port is down (the disconnect of a
+// connection that failed or closed then) stops rxe's CM for good: no
+// later connection on the device is made until it is re-created. So these
+// tests have a package of their own, which `make test` runs in a guest of
+// its own, and the test that takes the link down comes last (Go runs a
+// package's tests in the order of its source).
 package portdown
 
 import (
 	"context"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +25,60 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// TestAddressGoneNamesIt: the connection's local address deleted from
+// the device's netdev under a msg connection that keeps sending. The
+// connection fails, and its errors match endpoint.ErrAddressGone and name
+// the address: on rxe the first request sent after it went fails at once
+// (a local QP operation error, which alone says nothing of the address),
+// and on siw the connection's TCP stream goes silent, and msg's keepalive
+// ends it (msg.ErrPeerSilent, which alone reads as the peer's fault). Both
+// ends were on the address, and both say so. A dial meanwhile fails at
+// once: no route is left to the address. A listener on the address,
+// made before it went, takes a new connection once it is back, which
+// carries a message. Nothing leaks.
+func TestAddressGoneNamesIt(t *testing.T) {
+	netdev := rxetest.Netdev(t)
+	ctx, addr, client, server := connected(t)
+	gone := addr + " is no longer an address of this host"
+	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"))
+	require.NoError(t, err)
+	defer l.Close()
+
+	t.Run("Gone", func(t *testing.T) {
+		rxetest.RemoveAddress(t, netdev, addr) // until this subtest ends
+		sendErr := requireSendFails(t, ctx, client, endpoint.ErrAddressGone, gone)
+		if rxetest.IWARP() {
+			require.ErrorIs(t, sendErr, msg.ErrPeerSilent)
+		}
+		// The server's end sends too (credits, keepalives), or hears
+		// nothing for as long as the keepalive allows.
+		_, err := server.Recv(ctx)
+		require.ErrorIs(t, err, endpoint.ErrAddressGone)
+		require.ErrorContains(t, err, gone)
+
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err = msg.Dial(short, l.Addr().String())
+		require.ErrorIs(t, err, syscall.ENETUNREACH, "a dial while the address is gone")
+	})
+
+	accepted := make(chan *msg.Conn, 1)
+	go func() {
+		c, _ := l.Accept(ctx) // nil when ctx ends first: the dial fails too
+		accepted <- c
+	}()
+	again, err := msg.Dial(ctx, l.Addr().String())
+	require.NoError(t, err, "a dial once the address is back, to the listener made before it went")
+	defer again.Close()
+	peer := <-accepted
+	require.NotNil(t, peer)
+	defer peer.Close()
+	require.NoError(t, again.Send(ctx, []byte("back")))
+	got, err := peer.Recv(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "back", string(got))
+}
+
 // TestPortDownNamesThePort: the device's netdev taken down under a msg
 // connection that keeps sending. The connection fails within seconds, and
 // its errors match endpoint.ErrPortDown and name the port: on rxe the
@@ -33,35 +90,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // deadline. Nothing leaks.
 func TestPortDownNamesThePort(t *testing.T) {
 	netdev := rxetest.Netdev(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	rxetest.CheckResources(t)
-	addr := rxetest.Addr(t)
-	client, server, err := dialOnce(ctx, addr)
-	require.NoError(t, err)
-	defer client.Close()
-	defer server.Close()
+	ctx, addr, client, server := connected(t)
 	rxetest.KeepAddressesOnDown(t, netdev)
 	rxetest.SetLink(t, netdev, "down")
 
-	var sendErr error
-	for start := time.Now(); sendErr == nil && time.Since(start) < 30*time.Second; {
-		sendErr = client.Send(ctx, []byte("over a link that is down"))
-		time.Sleep(time.Millisecond)
-	}
-	require.ErrorIs(t, sendErr, endpoint.ErrPortDown, "the send's error says the port is down")
-	require.ErrorContains(t, sendErr, rxetest.Device()+" port 1 is down")
-	if !rxetest.IWARP() {
-		var failed *endpoint.CompletionError
-		require.ErrorAs(t, sendErr, &failed)
-		require.Equal(t, endpoint.StatusLocalQPOp, failed.Status)
-	}
-	select {
-	case <-client.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the failed connection did not end")
-	}
-	require.ErrorIs(t, client.Err(), endpoint.ErrPortDown)
+	requireSendFails(t, ctx, client, endpoint.ErrPortDown, rxetest.Device()+" port 1 is down")
 	require.ErrorIs(t, client.Send(ctx, []byte("again")), endpoint.ErrPortDown)
 	if rxetest.IWARP() {
 		// The CM told the server's end too, while its port was down.
@@ -78,7 +111,6 @@ func TestPortDownNamesThePort(t *testing.T) {
 		return
 	}
 	var again, peer *msg.Conn
-	var got []byte
 	require.Eventually(t, func() bool {
 		var err error
 		again, peer, err = dialOnce(ctx, addr)
@@ -87,9 +119,54 @@ func TestPortDownNamesThePort(t *testing.T) {
 	defer again.Close()
 	defer peer.Close()
 	require.NoError(t, again.Send(ctx, []byte("back up")))
-	got, err = peer.Recv(ctx)
+	got, err := peer.Recv(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "back up", string(got))
+}
+
+// connected is a msg connection on the device's address, addr, closed
+// when the test ends, and the context that bounds the test.
+func connected(t *testing.T) (ctx context.Context, addr string, client, server *msg.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	rxetest.CheckResources(t) // its check runs after the closes below
+	addr = rxetest.Addr(t)
+	client, server, err := dialOnce(ctx, addr)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		client.Close()
+		server.Close()
+	})
+	return ctx, addr, client, server
+}
+
+// requireSendFails sends on client until a send fails, which must be
+// within 30 s, with an error that matches want and says says. On RoCE
+// the failure must be the device's, a local QP operation error. The
+// connection must then end, with Err matching want. It returns the send's
+// error.
+func requireSendFails(t *testing.T, ctx context.Context, client *msg.Conn, want error, says string) error {
+	t.Helper()
+	var err error
+	for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
+		err = client.Send(ctx, []byte("with a local fault"))
+		time.Sleep(time.Millisecond)
+	}
+	require.ErrorIs(t, err, want, "the send's error says why")
+	require.ErrorContains(t, err, says)
+	if !rxetest.IWARP() {
+		var failed *endpoint.CompletionError
+		require.ErrorAs(t, err, &failed)
+		require.Equal(t, endpoint.StatusLocalQPOp, failed.Status)
+	}
+	select {
+	case <-client.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the failed connection did not end")
+	}
+	require.ErrorIs(t, client.Err(), want)
+	return err
 }
 
 // dialOnce listens on addr, dials the listener and accepts; the listener

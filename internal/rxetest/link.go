@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,4 +45,31 @@ func SetLink(t testing.TB, netdev, state string) {
 	if state == "down" {
 		t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
 	}
+}
+
+// RemoveAddress deletes ip, an address of netdev, from it, and returns
+// putBack, which adds it back with the prefix it had. putBack runs when
+// the test ends, if the test has not run it.
+func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
+	t.Helper()
+	out, err := exec.Command("ip", "-o", "addr", "show", "dev", netdev).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var prefixed string
+	for _, f := range strings.Fields(string(out)) {
+		if strings.HasPrefix(f, ip+"/") {
+			prefixed = f
+		}
+	}
+	require.NotEmpty(t, prefixed, "%s is no address of %s: %s", ip, netdev, out)
+	out, err = exec.Command("ip", "addr", "del", prefixed, "dev", netdev).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var once sync.Once
+	putBack = func() {
+		once.Do(func() {
+			out, err := exec.Command("ip", "addr", "add", prefixed, "dev", netdev).CombinedOutput()
+			require.NoError(t, err, "putting %s back: %s", prefixed, out)
+		})
+	}
+	t.Cleanup(putBack)
+	return putBack
 }

@@ -256,8 +256,13 @@ var (
 	// NewSRQ creates an *endpoint.SRQ of depth receives on dev, in pd (a
 	// *bufpool.PD) or, when pd is nil, in a protection domain of its own.
 	NewSRQ func(dev *verbs.Context, pd any, depth, maxSGE int) (any, error)
-	// WhilePortDown is cause, why a queue pair on port of dev failed, also
-	// matching endpoint.ErrPortDown and naming the port when the port is
-	// not active now.
-	WhilePortDown func(dev *verbs.Context, port int, cause error) error
+	// WhileLocalFault is cause, why a queue pair on port of dev, bound
+	// to local, failed, also matching endpoint.ErrPortDown and naming the
+	// port when the port is not active now, or endpoint.ErrAddressGone
+	// and naming the address when no interface has it now.
+	WhileLocalFault func(dev *verbs.Context, port int, local net.Addr, cause error) error
+	// EndpointWhileLocalFault is WhileLocalFault for the connection of
+	// ep, an *endpoint.Endpoint: package msg's for a failure the endpoint
+	// did not see (the peer gone silent).
+	EndpointWhileLocalFault func(ep any, cause error) error
 )
