@@ -39,10 +39,13 @@ import (
 // resolution and the connection handshake. A peer that rejects, or a port
 // nobody listens on, gives an error matching syscall.ECONNREFUSED (a
 // *RejectError carrying the peer's private data); a peer that gives the
-// handshake up after answering, one matching syscall.ECONNRESET. Where
-// every address fails, the first one's error is returned. An error after
-// the route was resolved names the local address the connect came from
-// ("cm: dial host:port from ip:port: ..."): its port is rdma_cm's pick.
+// handshake up after answering, one matching syscall.ECONNRESET; a peer
+// whose CM never answers, one matching syscall.ETIMEDOUT once the kernel
+// CM's retries are spent, which takes over a minute: give ctx a deadline
+// to give up sooner, as with net's Dial. Where every address fails, the
+// first one's error is returned. An error after the route was resolved
+// names the local address the connect came from ("cm: dial host:port
+// from ip:port: ..."): its port is rdma_cm's pick.
 func Dial(ctx context.Context, addr string, opts ...DialOption) (*endpoint.Endpoint, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
