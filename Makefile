@@ -126,27 +126,34 @@ test: vet test-host test-rxe test-siw test-norace test-faults test-examples test
 # Statement coverage of the library's packages and the internal ones they
 # import, not part of `make test`: the host tests, the device suite with
 # the fault tests (the build with the FAULTS tag, whose hooks do nothing
-# until a test arms them) on rxe0 and on siw0, and the wire tests on two
-# guests, each without the race detector, merged. It prints each
-# package's figure and the total, and leaves the profile in
-# .cover/cover.out for `go tool cover -html=.cover/cover.out`.
+# until a test arms them) on rxe0 and on siw0, integration/portdown on
+# each in a guest of its own, and the wire tests on two guests, each
+# without the race detector, merged. It prints each package's figure and
+# the total, and leaves the profile in .cover/cover.out for
+# `go tool cover -html=.cover/cover.out`.
 COVER    := $(CURDIR)/.cover
 COVERPKG  = $(shell $(GO) list -deps ./bufpool ./cm ./dgram ./endpoint ./msg ./rdmanet | grep '^github.com/go-rdma/' | paste -sd,)
-# The wire tests import fewer of them (go test warns of the others).
-WIRECOVERPKG = $(shell $(GO) list -deps -test ./integration/wire | grep -xF "$$(echo '$(COVERPKG)' | tr , '\n')" | paste -sd,)
+# Those of them the test package $(1) imports: integration/wire and
+# integration/portdown import fewer (go test warns of the others).
+coverpkg_of = $(shell $(GO) list -deps -test ./$(1) | grep -xF "$$(echo '$(COVERPKG)' | tr , '\n')" | paste -sd,)
 cover: build
-	rm -rf $(COVER) && mkdir -p $(COVER)/host $(COVER)/rxe $(COVER)/siw $(COVER)/wire
+	rm -rf $(COVER) && mkdir -p $(COVER)/host $(COVER)/rxe $(COVER)/siw $(COVER)/portdown-rxe $(COVER)/portdown-siw $(COVER)/wire
 	RDMACM_REQUIRE_DEVICE= $(GO) test -count=1 -cover -coverpkg=$(COVERPKG) ./... -args -test.gocoverdir=$(COVER)/host
 	$(GO) test -c -cover -coverpkg=$(COVERPKG) -tags $(FAULTS) -o $(COVER)/integration.test ./integration
 	cd integration && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -w $(COVER) $(COVER)/integration.test \
 	  -test.count 1 -test.timeout 20m -test.gocoverdir $(COVER)/rxe
 	cd integration && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -device siw -w $(COVER) $(COVER)/integration.test \
 	  -test.count 1 -test.timeout 20m -test.gocoverdir $(COVER)/siw
-	$(GO) test -c -cover -coverpkg=$(WIRECOVERPKG) -o $(COVER)/wire.test ./integration/wire
+	$(GO) test -c -cover -coverpkg=$(call coverpkg_of,integration/portdown) -o $(COVER)/portdown.test ./integration/portdown
+	cd integration/portdown && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -w $(COVER) $(COVER)/portdown.test \
+	  -test.count 1 -test.timeout 5m -test.gocoverdir $(COVER)/portdown-rxe
+	cd integration/portdown && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -device siw -w $(COVER) $(COVER)/portdown.test \
+	  -test.count 1 -test.timeout 5m -test.gocoverdir $(COVER)/portdown-siw
+	$(GO) test -c -cover -coverpkg=$(call coverpkg_of,integration/wire) -o $(COVER)/wire.test ./integration/wire
 	cd integration/wire && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -guests 2 -w $(COVER) $(COVER)/wire.test \
 	  -test.count 1 -test.timeout 20m -test.gocoverdir $(COVER)/wire
-	$(GO) tool covdata percent -i $(COVER)/host,$(COVER)/rxe,$(COVER)/siw,$(COVER)/wire
-	$(GO) tool covdata textfmt -i $(COVER)/host,$(COVER)/rxe,$(COVER)/siw,$(COVER)/wire -o $(COVER)/cover.out
+	$(GO) tool covdata percent -i $(COVER)/host,$(COVER)/rxe,$(COVER)/siw,$(COVER)/portdown-rxe,$(COVER)/portdown-siw,$(COVER)/wire
+	$(GO) tool covdata textfmt -i $(COVER)/host,$(COVER)/rxe,$(COVER)/siw,$(COVER)/portdown-rxe,$(COVER)/portdown-siw,$(COVER)/wire -o $(COVER)/cover.out
 	$(GO) tool cover -func $(COVER)/cover.out | tail -1
 
 # The echo, RPC and gRPC servers and clients, one after the other, over rxe0 (in
