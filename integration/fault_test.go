@@ -925,10 +925,12 @@ func TestInjectedNoIPv6ListensOnIPv4Alone(t *testing.T) {
 
 // TestInjectedCQOverrunEndsTheEndpoint: the client's CQ is made too small
 // (verbs.ShrinkCQ; the library sizes a CQ so that it cannot overrun),
-// and the server's batch of sends completes more receives at once than it
-// holds. The device reports the overrun as an asynchronous event
-// (IBV_EVENT_CQ_ERR), and completions were lost: the client's endpoint
-// ends at once with endpoint.ErrDeviceFailure, which names the event.
+// and the server's batch of sends completes more receives than it holds
+// while the client polls it no more (verbs.HoldCompletions: a poller that
+// kept up with the batch would drain the CQ before it overran). The
+// device reports the overrun as an asynchronous event (IBV_EVENT_CQ_ERR),
+// and completions were lost: the client's endpoint ends at once with
+// endpoint.ErrDeviceFailure, which names the event.
 // (siw also fails the QP on an overrun and disconnects it, and the CM may
 // tell the client of that before the event comes.) Every receive the
 // client posted still comes back exactly once (those whose completions
@@ -953,6 +955,7 @@ func TestInjectedCQOverrunEndsTheEndpoint(t *testing.T) {
 		require.NoError(t, err)
 		sends[i] = endpoint.Request{Op: endpoint.OpSend, Context: i, Buffer: b, Length: 64}
 	}
+	verbs.HoldCompletions(verbs.WCRecv, true)
 	require.NoError(t, p.server.PostBatch(sends))
 
 	for _, ep := range []*endpoint.Endpoint{p.client, p.server} {
@@ -962,6 +965,7 @@ func TestInjectedCQOverrunEndsTheEndpoint(t *testing.T) {
 			t.Fatalf("the connection did not end: client %v, server %v", p.client.Err(), p.server.Err())
 		}
 	}
+	verbs.HoldCompletions(verbs.WCRecv, false) // the close's drain takes those held
 	err := p.client.Err()
 	require.ErrorIs(t, err, endpoint.ErrClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
