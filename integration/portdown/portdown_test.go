@@ -62,16 +62,9 @@ func TestAddressGoneNamesIt(t *testing.T) {
 		require.ErrorIs(t, err, syscall.ENETUNREACH, "a dial while the address is gone")
 	})
 
-	accepted := make(chan *msg.Conn, 1)
-	go func() {
-		c, _ := l.Accept(ctx) // nil when ctx ends first: the dial fails too
-		accepted <- c
-	}()
-	again, err := msg.Dial(ctx, l.Addr().String())
-	require.NoError(t, err, "a dial once the address is back, to the listener made before it went")
+	again, peer, err := dialAccepted(ctx, l)
+	require.NoError(t, err, "a connection once the address is back, on the listener made before it went")
 	defer again.Close()
-	peer := <-accepted
-	require.NotNil(t, peer)
 	defer peer.Close()
 	require.NoError(t, again.Send(ctx, []byte("back")))
 	got, err := peer.Recv(ctx)
@@ -169,26 +162,34 @@ func requireSendFails(t *testing.T, ctx context.Context, client *msg.Conn, want 
 	return err
 }
 
-// dialOnce listens on addr, dials the listener and accepts; the listener
-// is closed on return.
+// dialOnce listens on addr, then dials the listener and accepts
+// (dialAccepted); the listener is closed on return.
 func dialOnce(ctx context.Context, addr string) (dialed, accepted *msg.Conn, err error) {
 	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"))
 	if err != nil {
 		return nil, nil, err
 	}
 	defer l.Close()
+	return dialAccepted(ctx, l)
+}
+
+// dialAccepted dials l and accepts the connection: both its ends, or an
+// error and neither.
+func dialAccepted(ctx context.Context, l *msg.Listener) (dialed, accepted *msg.Conn, err error) {
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	type acceptance struct {
 		c   *msg.Conn
 		err error
 	}
 	got := make(chan acceptance, 1)
 	go func() {
-		c, err := l.Accept(ctx)
+		c, err := l.Accept(actx)
 		got <- acceptance{c, err}
 	}()
 	dialed, err = msg.Dial(ctx, l.Addr().String())
 	if err != nil {
-		l.Close()
+		cancel()
 		if a := <-got; a.c != nil {
 			a.c.Close()
 		}
