@@ -179,6 +179,7 @@ func disarmDeviceFaults() {
 	verbs.FailIPv6Listens(nil)
 	verbs.FailNextCompletion(0, verbs.WCSuccess)
 	verbs.HoldCompletions(0, false)
+	verbs.HoldShrunkCQ(false)
 	verbs.FailCreate(0, 0, nil)
 	verbs.FailNextPost(false, 0, nil)
 	verbs.ShrinkCQ(0, 0)
@@ -926,7 +927,7 @@ func TestInjectedNoIPv6ListensOnIPv4Alone(t *testing.T) {
 // TestInjectedCQOverrunEndsTheEndpoint: the client's CQ is made too small
 // (verbs.ShrinkCQ; the library sizes a CQ so that it cannot overrun),
 // and the server's batch of sends completes more receives than it holds
-// while the client polls it no more (verbs.HoldCompletions: a poller that
+// while the client polls it no more (verbs.HoldShrunkCQ: a poller that
 // kept up with the batch would drain the CQ before it overran). The
 // device reports the overrun as an asynchronous event (IBV_EVENT_CQ_ERR),
 // and completions were lost: the client's endpoint ends at once with
@@ -955,7 +956,7 @@ func TestInjectedCQOverrunEndsTheEndpoint(t *testing.T) {
 		require.NoError(t, err)
 		sends[i] = endpoint.Request{Op: endpoint.OpSend, Context: i, Buffer: b, Length: 64}
 	}
-	verbs.HoldCompletions(verbs.WCRecv, true)
+	verbs.HoldShrunkCQ(true)
 	require.NoError(t, p.server.PostBatch(sends))
 
 	for _, ep := range []*endpoint.Endpoint{p.client, p.server} {
@@ -965,7 +966,7 @@ func TestInjectedCQOverrunEndsTheEndpoint(t *testing.T) {
 			t.Fatalf("the connection did not end: client %v, server %v", p.client.Err(), p.server.Err())
 		}
 	}
-	verbs.HoldCompletions(verbs.WCRecv, false) // the close's drain takes those held
+	verbs.HoldShrunkCQ(false) // the close's drain takes those held
 	err := p.client.Err()
 	require.ErrorIs(t, err, endpoint.ErrClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
@@ -1038,11 +1039,13 @@ func TestInjectedDatagramCQOverrunFailsTheConn(t *testing.T) {
 // TestInjectedCQOverrunEndsAMsgConn: a msg connection whose CQ overruns
 // (verbs.ShrinkCQ: the dialer's, made 2 deep) while 16 of the peer's
 // goroutines send to it ends with the device's report of it: its reader
-// gets the messages that arrived whole and then an error matching
-// endpoint.ErrDeviceFailure and msg.ErrClosed, not net.ErrClosed nor
-// io.EOF, and so does Err. The senders' calls end with errors, none
-// waits for ever, and nothing leaks. (siw also disconnects on an overrun,
-// and the CM's word may reach the reader first.)
+// gets an error matching endpoint.ErrDeviceFailure and msg.ErrClosed, not
+// net.ErrClosed nor io.EOF, and so does Err. The dialer polls its CQ no
+// more (verbs.HoldShrunkCQ) from the first send, so that the overrun is
+// certain: a poller that kept up would drain the CQ first. The senders'
+// calls end with errors, none waits for ever, and nothing leaks. (siw
+// also disconnects on an overrun, and the CM's word may reach the reader
+// first.)
 func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -1050,6 +1053,7 @@ func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
 	t.Cleanup(disarmDeviceFaults)
 	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
 
+	verbs.HoldShrunkCQ(true)
 	const senders, each = 16, 200
 	sent := make(chan error, senders)
 	for range senders {
@@ -1068,6 +1072,7 @@ func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
 	for ; err == nil; read++ {
 		_, err = client.Recv(ctx)
 	}
+	verbs.HoldShrunkCQ(false) // the close's drain takes those held
 	t.Logf("read %d of %d messages, then: %v", read-1, senders*each, err)
 	require.ErrorIs(t, err, msg.ErrClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")

@@ -37,6 +37,8 @@ var fault struct {
 	create  creation    // armed: a creation of create.kind fails
 	cqSize  int         // armed: a CQ is created with this many entries,
 	cqSkip  int         // after this many more
+	shrunk  *CQ         // the CQ cqSize made, until it is destroyed
+	holdCQ  bool        // polls of shrunk keep what they found
 	fired   int         // failures injected so far (Injected)
 }
 
@@ -127,18 +129,22 @@ func (cq *CQ) stashedPoll() (int, bool) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
 	n, ok := fault.stashed[cq]
-	if ok && fault.holding {
+	if ok && (fault.holding || fault.holdCQ && cq == fault.shrunk) {
 		return 0, true
 	}
 	delete(fault.stashed, cq)
 	return n, ok
 }
 
-// forgetStash drops what cq's polls left, as it is destroyed.
+// forgetStash drops what cq's polls left, and its mark as the CQ
+// ShrinkCQ made, as it is destroyed.
 func (cq *CQ) forgetStash() {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
 	delete(fault.stashed, cq)
+	if cq == fault.shrunk {
+		fault.shrunk = nil
+	}
 }
 
 // stash keeps the n completions cq's poll found for a later poll. fault.mu
@@ -157,7 +163,7 @@ func (cq *CQ) stash(n int) {
 func (cq *CQ) injectedFault(n int) (int, error) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
-	if fault.holding && n > 0 && cq.At(0).Opcode == fault.hold {
+	if n > 0 && (fault.holding && cq.At(0).Opcode == fault.hold || fault.holdCQ && cq == fault.shrunk) {
 		cq.stash(n)
 		return 0, nil
 	}
@@ -357,21 +363,40 @@ func ShrinkCQ(skip, entries int) {
 	fault.cqSkip, fault.cqSize = skip, entries
 }
 
+// HoldShrunkCQ, with hold set, makes every PollRetry of the CQ that
+// ShrinkCQ made keep what it found and return nothing, as a poller that
+// has fallen behind, so that the device overruns it; the process's other
+// CQs are polled as ever. With hold false, its next PollRetry returns
+// them. Nothing raises a CQ event for them: a poll that nothing else
+// prompts (an endpoint's close does) never comes.
+func HoldShrunkCQ(hold bool) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.holdCQ = hold
+}
+
 // injectedCQSize is the size a CQ is created with: cqe, or what ShrinkCQ
-// armed.
-func injectedCQSize(cqe int) int {
+// armed (shrunk).
+func injectedCQSize(cqe int) (size int, shrunk bool) {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
 	switch {
 	case fault.cqSize == 0:
-		return cqe
+		return cqe, false
 	case fault.cqSkip > 0:
 		fault.cqSkip--
-		return cqe
+		return cqe, false
 	}
 	cqe, fault.cqSize = fault.cqSize, 0
 	fault.fired++
-	return cqe
+	return cqe, true
+}
+
+// markShrunk records cq as the CQ ShrinkCQ made, for HoldShrunkCQ.
+func (cq *CQ) markShrunk() {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.shrunk = cq
 }
 
 // FailIPv6Listens makes every Listen of an id bound to an IPv6 address

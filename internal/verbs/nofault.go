@@ -17,4 +17,5 @@ func injectedQPMoveFault() error                       { return nil }
 func (id *CMID) injectedListenFault() error            { return nil }
 func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false }
 func injectedCreateFault(Resource) error               { return nil }
-func injectedCQSize(cqe int) int                       { return cqe }
+func injectedCQSize(cqe int) (int, bool)               { return cqe, false }
+func (cq *CQ) markShrunk()                             {}

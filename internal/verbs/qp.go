@@ -214,12 +214,17 @@ func (c *Context) NewCQ(cqe int, ch *CompChannel, pollBatch int) (*CQ, error) {
 	if ch != nil {
 		chp = ch.p
 	}
-	p, err := C.ibv_create_cq(c.p, C.int(injectedCQSize(cqe)), nil, chp, 0)
+	size, shrunk := injectedCQSize(cqe)
+	p, err := C.ibv_create_cq(c.p, C.int(size), nil, chp, 0)
 	if p == nil {
 		return nil, callError(fmt.Sprintf("ibv_create_cq(%d entries)", cqe), err)
 	}
 	wcs := (*C.struct_go_wc)(C.calloc(C.size_t(pollBatch), C.sizeof_struct_go_wc))
-	return &CQ{p: p, wcs: wcs, n: pollBatch}, nil
+	cq := &CQ{p: p, wcs: wcs, n: pollBatch}
+	if shrunk {
+		cq.markShrunk()
+	}
+	return cq, nil
 }
 
 // ReqNotify arms the CQ: the next completion (or next solicited one) raises
