@@ -382,11 +382,15 @@ func newEndpoint(id *verbs.CMID, cfg seam.EndpointConfig, onClose func() error) 
 			ep.mu.Lock()
 			closing := ep.closing
 			ep.mu.Unlock()
-			if closing {
+			switch {
+			case closing:
 				// This side's Close came first: its own disconnect is what
 				// the CM reports (iWARP does, to the side that closes).
 				cause = ep.closedHere()
-			} else {
+			case ep.ended():
+				// An earlier end's cause stands (setDone keeps the first):
+				// the port need not be read for this one.
+			default:
 				// The port only: a peer's orderly close comes this way,
 				// once per connection, and listing the host's addresses
 				// would cost it more than a port query. Neither device
