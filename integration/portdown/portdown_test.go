@@ -11,6 +11,7 @@ package portdown
 import (
 	"context"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -26,19 +27,31 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestAddressGoneNamesIt: the connection's local address deleted from
-// the device's netdev under a msg connection that keeps sending. The
-// connection fails, and its errors match endpoint.ErrAddressGone and name
-// the address: on rxe the first request sent after it went fails at once
-// (a local QP operation error, which alone says nothing of the address),
-// and on siw the connection's TCP stream goes silent, and msg's keepalive
-// ends it (msg.ErrPeerSilent, which alone reads as the peer's fault). Both
-// ends were on the address, and both say so. A dial meanwhile fails at
-// once: no route is left to the address. A listener on the address,
-// made before it went, takes a new connection once it is back, which
-// carries a message. Nothing leaks.
+// the device's netdev under a msg connection that keeps sending, on its
+// IPv4 address and on its IPv6 one. The connection fails, and its errors
+// match endpoint.ErrAddressGone and name the address: on rxe the first
+// request sent after it went fails at once (a local QP operation error,
+// which alone says nothing of the address), and on siw the connection's
+// TCP stream goes silent, and msg's keepalive ends it (msg.ErrPeerSilent,
+// which alone reads as the peer's fault). Both ends were on the address,
+// and both say so. A dial meanwhile fails at once: no route is left to
+// the address. A listener on the address, made before it went, takes a
+// new connection once it is back, which carries a message. Nothing
+// leaks.
 func TestAddressGoneNamesIt(t *testing.T) {
-	netdev := rxetest.Netdev(t)
-	ctx, addr, client, server := connected(t)
+	netdev := rxetest.Netdev(t) // skips outside the testbed
+	t.Run("IPv4", func(t *testing.T) { addressGoneNamesIt(t, netdev, rxetest.Addr(t)) })
+	t.Run("IPv6", func(t *testing.T) {
+		addr6 := os.Getenv("RDMACM_TEST_ADDR6") // the testbed's
+		require.NotEmpty(t, addr6, "RDMACM_TEST_ADDR6")
+		addressGoneNamesIt(t, netdev, addr6)
+	})
+}
+
+// addressGoneNamesIt is TestAddressGoneNamesIt on addr, an address of
+// netdev.
+func addressGoneNamesIt(t *testing.T, netdev, addr string) {
+	ctx, client, server := connected(t, addr)
 	gone := addr + " is no longer an address of this host"
 	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"))
 	require.NoError(t, err)
@@ -83,7 +96,8 @@ func TestAddressGoneNamesIt(t *testing.T) {
 // deadline. Nothing leaks.
 func TestPortDownNamesThePort(t *testing.T) {
 	netdev := rxetest.Netdev(t)
-	ctx, addr, client, server := connected(t)
+	addr := rxetest.Addr(t)
+	ctx, client, server := connected(t, addr)
 	rxetest.KeepAddressesOnDown(t, netdev)
 	rxetest.SetLink(t, netdev, "down")
 
@@ -117,21 +131,20 @@ func TestPortDownNamesThePort(t *testing.T) {
 	require.Equal(t, "back up", string(got))
 }
 
-// connected is a msg connection on the device's address, addr, closed
+// connected is a msg connection on the device's address addr, closed
 // when the test ends, and the context that bounds the test.
-func connected(t *testing.T) (ctx context.Context, addr string, client, server *msg.Conn) {
+func connected(t *testing.T, addr string) (ctx context.Context, client, server *msg.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	rxetest.CheckResources(t) // its check runs after the closes below
-	addr = rxetest.Addr(t)
 	client, server, err := dialOnce(ctx, addr)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		client.Close()
 		server.Close()
 	})
-	return ctx, addr, client, server
+	return ctx, client, server
 }
 
 // requireSendFails sends on client until a send fails, which must be

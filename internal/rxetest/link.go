@@ -48,8 +48,10 @@ func SetLink(t testing.TB, netdev, state string) {
 }
 
 // RemoveAddress deletes ip, an address of netdev, from it, and returns
-// putBack, which adds it back with the prefix it had. putBack runs when
-// the test ends, if the test has not run it.
+// putBack, which adds it back with the prefix it had (an IPv6 address
+// without duplicate address detection, as the testbed adds it, so that
+// it is usable at once). putBack runs when the test ends, if the test has
+// not run it.
 func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 	t.Helper()
 	out, err := exec.Command("ip", "-o", "addr", "show", "dev", netdev).CombinedOutput()
@@ -66,7 +68,11 @@ func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 	var once sync.Once
 	putBack = func() {
 		once.Do(func() {
-			out, err := exec.Command("ip", "addr", "add", prefixed, "dev", netdev).CombinedOutput()
+			args := []string{"addr", "add", prefixed, "dev", netdev}
+			if strings.Contains(ip, ":") {
+				args = append(args, "nodad")
+			}
+			out, err := exec.Command("ip", args...).CombinedOutput()
 			require.NoError(t, err, "putting %s back: %s", prefixed, out)
 		})
 	}
