@@ -448,7 +448,11 @@ func (l *Listener) AcceptRequest(ctx context.Context) (*Request, error) {
 // Options beyond what the device holds are the caller's: Accept rejects
 // the request and returns an error matching endpoint.ErrInvalid.
 // Once the listener's device is removed, Accept returns an error matching
-// ErrDeviceRemoved: no request can arrive any more.
+// ErrDeviceRemoved: no request can arrive any more. A listener on every
+// address is bound to no device, and a removal does not end it: the
+// kernel drops only its listen on the device removed. (The removal itself
+// completes only once the process exits: librdmacm holds the devices it
+// opened until then.)
 // Accept returns once the connection is established, so one loop of
 // Accepts sets connections up one after another; to set many up at once,
 // call Accept from several goroutines, or take each Request from

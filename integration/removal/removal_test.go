@@ -57,8 +57,10 @@ func TestMain(m *testing.M) {
 // ReadFrom, and its later WriteTo and Resolve, fail with such an error (on
 // iWARP dgram refuses the Conn); a cm or msg listener's waiting Accept
 // returns such an error instead of waiting for ever, and so does an
-// http.Server's Serve on an rdmanet listener; a new Dial and Listen fail
-// with an error matching syscall.ENODEV; every Close returns, and no
+// http.Server's Serve on an rdmanet listener, while a msg listener on
+// every address, bound to no device, waits on in Accept until its Close
+// (the kernel drops only its listen on the device); a new Dial and Listen
+// fail with an error matching syscall.ENODEV; every Close returns, and no
 // goroutine is left. The removal completes once that process exits, and
 // the device put back connects again.
 func TestDeviceRemovalEndsWhatUsesIt(t *testing.T) {
@@ -233,6 +235,15 @@ func child() int {
 		msgAccept <- err
 	}()
 
+	// A msg listener on every address, waiting in Accept.
+	wl, err := msg.Listen(ctx, ":0")
+	must(err)
+	wildAccept := make(chan error, 1)
+	go func() {
+		_, err := wl.Accept(ctx)
+		wildAccept <- err
+	}()
+
 	// net/http serving on an rdmanet listener.
 	rl, err := rdmanet.Listen(ctx, addr)
 	must(err)
@@ -275,6 +286,14 @@ func child() int {
 	pairRemoved("a msg connection's Recv", wait("a msg Recv", received), wait("a msg Recv", received))
 	removedErr("cm.Listener.Accept", wait("cm.Listener.Accept", cmAccept))
 	removedErr("msg.Listener.Accept", wait("msg.Listener.Accept", msgAccept))
+	select {
+	case err := <-wildAccept:
+		check(false, "a wildcard msg.Listener.Accept: %v, want it waiting: it is bound to no device", err)
+	default:
+		check(wl.Close() == nil, "closing the wildcard msg.Listener")
+		err := wait("a wildcard msg.Listener.Accept, after its Close", wildAccept)
+		check(errors.Is(err, net.ErrClosed), "a wildcard msg.Listener.Accept, after its Close: %v, want net.ErrClosed", err)
+	}
 	removedErr("http.Server.Serve on rdmanet", wait("http.Server.Serve", served))
 
 	if dc != nil {
