@@ -27,6 +27,14 @@ func TestNewRefusesABlockingDescriptor(t *testing.T) {
 	assert.Contains(t, err.Error(), "blocking pipe")
 }
 
+// No descriptor is numbered -1; a closed one could be reused by the time
+// New looks at it.
+func TestNewRefusesADescriptorThatIsNotOpen(t *testing.T) {
+	_, err := New(-1, "no descriptor", func() bool { return true })
+	require.ErrorIs(t, err, unix.EBADF)
+	assert.Contains(t, err.Error(), "no descriptor")
+}
+
 func TestWaitWakesOnDataDeadlineAndClose(t *testing.T) {
 	r, w := pipe(t, true)
 	got := make([]byte, 1)
