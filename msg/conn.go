@@ -293,13 +293,18 @@ func abandon(b *binder, pool *bufpool.Pool) {
 	}
 }
 
-// connOptions are the cm options of every msg connection: the caller's,
-// then msg's own.
+// connOptions are the cm options of every msg connection: WithLogger's
+// logger, so that the connection's own events (its port going down, say)
+// reach it too, then the caller's (a logger of their own for the
+// connection wins), then msg's own.
 func (o options) connOptions() []cm.Option {
+	opts := make([]cm.Option, 0, len(o.cmOpts)+4)
+	opts = append(opts, cm.WithLogger(o.logger))
+	opts = append(opts, o.cmOpts...)
 	// Every send takes a send buffer (recvDepth of them), every rendezvous
 	// a read (at most recvDepth at once), and one-sided operations at most
 	// maxOneSided: the send queue holds them all.
-	return append(o.cmOpts[:len(o.cmOpts):len(o.cmOpts)], cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1+maxOneSided),
+	return append(opts, cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1+maxOneSided),
 		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
 }
 

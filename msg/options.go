@@ -129,7 +129,9 @@ func WithCMOptions(opts ...cm.Option) Option {
 // bytes in regions of the same cache.
 func WithRendezvousCache(bytes int) Option { return func(o *options) { o.rvCache = bytes } }
 
-// WithLogger logs through l (silent by default).
+// WithLogger logs through l (silent by default): msg's own lines and its
+// connections' (package cm's: a port going down, a CM event), unless
+// WithCMOptions gives the connections a logger of their own.
 func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithKeepalive makes each side send a keepalive when it sent nothing for

@@ -1,16 +1,20 @@
 package msg
 
 import (
+	"bytes"
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // Connection options msg owns, or invalid ones, are refused before anything
@@ -30,6 +34,31 @@ func TestCMOptionsMsgOwnsAreRefused(t *testing.T) {
 	}
 	_, err := newOptions([]Option{WithCMOptions(cm.WithPolling(endpoint.PollHybrid, time.Millisecond), cm.WithAckTimeout(time.Second))})
 	require.NoError(t, err, "options msg does not own pass")
+}
+
+// WithLogger's logger is its connections' too (package cm's lines: a
+// port going down, a CM event), unless WithCMOptions gives them a logger
+// of their own.
+func TestConnectionsLogThroughWithLogger(t *testing.T) {
+	var msgLog, cmLog bytes.Buffer
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want *bytes.Buffer
+	}{
+		{"msg's", []Option{WithLogger(zerolog.New(&msgLog))}, &msgLog},
+		{"the connections' own", []Option{WithLogger(zerolog.New(&msgLog)), WithCMOptions(cm.WithLogger(zerolog.New(&cmLog)))}, &cmLog},
+	} {
+		o, err := newOptions(tc.opts)
+		require.NoError(t, err)
+		cfg, _, err := seam.ConnOptions(o.connOptions())
+		require.NoError(t, err)
+		msgLog.Reset()
+		cmLog.Reset()
+		cfg.Logger.Info().Msg("a connection's line")
+		require.Contains(t, tc.want.String(), "a connection's line", tc.name)
+		require.Equal(t, 1, strings.Count(msgLog.String()+cmLog.String(), "a connection's line"), tc.name)
+	}
 }
 
 // Every option msg refuses matches endpoint.ErrInvalid, as cm's refusals
