@@ -1,21 +1,25 @@
-// Package portdown takes the device's address away, and its link down,
-// under connections that keep sending. On the testbed's kernel a CM
-// message sent while Soft-RoCE's port is down (the disconnect of a
-// connection that failed or closed then) stops rxe's CM for good: no
-// later connection on the device is made until it is re-created. So these
-// tests have a package of their own, which `make test` runs in a guest of
-// its own, and the test that takes the link down comes last (Go runs a
-// package's tests in the order of its source).
+// Package portdown takes the device's address away, gives its netdev
+// another MAC address, and takes its link down, under connections. On the
+// testbed's kernel a CM message sent while Soft-RoCE's port is down (the
+// disconnect of a connection that failed or closed then) stops rxe's CM
+// for good: no later connection on the device is made until it is
+// re-created. So these tests have a package of their own, which `make
+// test` runs in a guest of its own, and the test that takes the link down
+// comes last (Go runs a package's tests in the order of its source).
 package portdown
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -77,12 +81,76 @@ func addressGoneNamesIt(t *testing.T, netdev, addr string) {
 
 	again, peer, err := dialAccepted(ctx, l)
 	require.NoError(t, err, "a connection once the address is back, on the listener made before it went")
-	defer again.Close()
-	defer peer.Close()
-	require.NoError(t, again.Send(ctx, []byte("back")))
-	got, err := peer.Recv(ctx)
+	requireCarries(t, ctx, again, peer)
+}
+
+// TestMACChangeIsLogged: the device's netdev given another MAC address
+// under a msg connection. Soft-RoCE derives its GID table from the
+// netdev's addresses and re-creates every entry: each end logs the GID
+// table's change (IBV_EVENT_GID_CHANGE), and the connection's next send
+// fails with a local QP operation error, though its port is active and
+// its address assigned (neither ErrPortDown nor ErrAddressGone), while a
+// new connection is made and carries a message. soft-iWARP reports no GID
+// change (a LID change, logged at debug level), and the connection
+// carries on; but its device keeps the MAC address it was made with, and
+// rdma_cm finds no device for the address (ENODEV) until the netdev has
+// it back. Once it has, a new connection carries a message on either
+// device. Nothing leaks.
+func TestMACChangeIsLogged(t *testing.T) {
+	netdev := rxetest.Netdev(t)
+	addr := rxetest.Addr(t)
+	var changes atomic.Int32
+	log := zerolog.New(io.Discard).Level(zerolog.InfoLevel).Hook(zerolog.HookFunc(
+		func(_ *zerolog.Event, _ zerolog.Level, m string) {
+			if strings.Contains(m, "IBV_EVENT_GID_CHANGE") {
+				changes.Add(1)
+			}
+		}))
+	ctx, client, server := connected(t, addr, msg.WithLogger(log))
+	putBack := rxetest.SetMAC(t, netdev, "02:00:00:00:00:99")
+
+	if rxetest.IWARP() {
+		require.NoError(t, client.Send(ctx, []byte("after")))
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "after", string(got))
+		require.Zero(t, changes.Load(), "siw has no GID table")
+		_, _, err = dialOnce(ctx, addr)
+		require.ErrorIs(t, err, syscall.ENODEV, "siw0 follows the netdev's MAC address: update the test")
+	} else {
+		require.Eventually(t, func() bool { return changes.Load() >= 2 }, 10*time.Second, 10*time.Millisecond,
+			"both ends log the GID table's change")
+		err := sendUntilFails(ctx, client)
+		var failed *endpoint.CompletionError
+		require.ErrorAs(t, err, &failed)
+		require.Equal(t, endpoint.StatusLocalQPOp, failed.Status)
+		require.NotErrorIs(t, err, endpoint.ErrPortDown)
+		require.NotErrorIs(t, err, endpoint.ErrAddressGone)
+		requireConnects(t, ctx, addr)
+	}
+	putBack()
+	requireConnects(t, ctx, addr)
+}
+
+// requireConnects makes a new connection on addr, which must carry a
+// message.
+func requireConnects(t *testing.T, ctx context.Context, addr string) {
+	t.Helper()
+	dialed, accepted, err := dialOnce(ctx, addr)
+	require.NoError(t, err, "a new connection")
+	requireCarries(t, ctx, dialed, accepted)
+}
+
+// requireCarries sends a message from a connection's dialed end, which
+// its accepted end must receive, and closes both.
+func requireCarries(t *testing.T, ctx context.Context, dialed, accepted *msg.Conn) {
+	t.Helper()
+	defer dialed.Close()
+	defer accepted.Close()
+	require.NoError(t, dialed.Send(ctx, []byte("a new connection")))
+	got, err := accepted.Recv(ctx)
 	require.NoError(t, err)
-	require.Equal(t, "back", string(got))
+	require.Equal(t, "a new connection", string(got))
 }
 
 // TestPortDownNamesThePort: the device's netdev taken down under a msg
@@ -123,22 +191,18 @@ func TestPortDownNamesThePort(t *testing.T) {
 		again, peer, err = dialOnce(ctx, addr)
 		return err == nil
 	}, 10*time.Second, 50*time.Millisecond, "a connection once the port is up")
-	defer again.Close()
-	defer peer.Close()
-	require.NoError(t, again.Send(ctx, []byte("back up")))
-	got, err := peer.Recv(ctx)
-	require.NoError(t, err)
-	require.Equal(t, "back up", string(got))
+	requireCarries(t, ctx, again, peer)
 }
 
-// connected is a msg connection on the device's address addr, closed
-// when the test ends, and the context that bounds the test.
-func connected(t *testing.T, addr string) (ctx context.Context, client, server *msg.Conn) {
+// connected is a msg connection on the device's address addr, with opts
+// on both ends, closed when the test ends, and the context that bounds
+// the test.
+func connected(t *testing.T, addr string, opts ...msg.Option) (ctx context.Context, client, server *msg.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	rxetest.CheckResources(t) // its check runs after the closes below
-	client, server, err := dialOnce(ctx, addr)
+	client, server, err := dialOnce(ctx, addr, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		client.Close()
@@ -154,11 +218,7 @@ func connected(t *testing.T, addr string) (ctx context.Context, client, server *
 // error.
 func requireSendFails(t *testing.T, ctx context.Context, client *msg.Conn, want error, says string) error {
 	t.Helper()
-	var err error
-	for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
-		err = client.Send(ctx, []byte("with a local fault"))
-		time.Sleep(time.Millisecond)
-	}
+	err := sendUntilFails(ctx, client)
 	require.ErrorIs(t, err, want, "the send's error says why")
 	require.ErrorContains(t, err, says)
 	if !rxetest.IWARP() {
@@ -175,20 +235,32 @@ func requireSendFails(t *testing.T, ctx context.Context, client *msg.Conn, want 
 	return err
 }
 
+// sendUntilFails sends on client until a send fails, for 30 s at most,
+// and returns the send's error (nil if none failed).
+func sendUntilFails(ctx context.Context, client *msg.Conn) error {
+	var err error
+	for start := time.Now(); err == nil && time.Since(start) < 30*time.Second; {
+		err = client.Send(ctx, []byte("with a local fault"))
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
+
 // dialOnce listens on addr, then dials the listener and accepts
-// (dialAccepted); the listener is closed on return.
-func dialOnce(ctx context.Context, addr string) (dialed, accepted *msg.Conn, err error) {
-	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"))
+// (dialAccepted), with opts on both ends; the listener is closed on
+// return.
+func dialOnce(ctx context.Context, addr string, opts ...msg.Option) (dialed, accepted *msg.Conn, err error) {
+	l, err := msg.Listen(ctx, net.JoinHostPort(addr, "0"), opts...)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer l.Close()
-	return dialAccepted(ctx, l)
+	return dialAccepted(ctx, l, opts...)
 }
 
-// dialAccepted dials l and accepts the connection: both its ends, or an
-// error and neither.
-func dialAccepted(ctx context.Context, l *msg.Listener) (dialed, accepted *msg.Conn, err error) {
+// dialAccepted dials l, with opts, and accepts the connection: both its
+// ends, or an error and neither.
+func dialAccepted(ctx context.Context, l *msg.Listener, opts ...msg.Option) (dialed, accepted *msg.Conn, err error) {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type acceptance struct {
@@ -200,7 +272,7 @@ func dialAccepted(ctx context.Context, l *msg.Listener) (dialed, accepted *msg.C
 		c, err := l.Accept(actx)
 		got <- acceptance{c, err}
 	}()
-	dialed, err = msg.Dial(ctx, l.Addr().String())
+	dialed, err = msg.Dial(ctx, l.Addr().String(), opts...)
 	if err != nil {
 		cancel()
 		if a := <-got; a.c != nil {

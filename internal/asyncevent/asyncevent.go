@@ -146,10 +146,16 @@ func (r *reader) unwatch(w *watcher) {
 }
 
 // LogPort logs ev to log if it is about port of device dev: the
-// port going down at warn level, coming back at info level, anything else
-// about it at debug level. RC retries carry a connection across a port
-// that comes back within the transport's retry time, and a connection
-// fails by itself if it does not, so a port's state is only logged.
+// port going down at warn level, coming back and a change of its GID
+// table at info level, anything else about it at debug level. RC retries
+// carry a connection across a port that comes back within the
+// transport's retry time, and a connection fails by itself if it does
+// not, so a port's state is only logged. A GID table change is logged
+// for what may follow it: RoCE derives the table from the netdev's
+// addresses, and when they change (its MAC address, say) Soft-RoCE
+// re-creates every entry, and a connection made on the old entry fails
+// its next request with a bare local QP operation error, though its port
+// is active and its IP address assigned.
 func LogPort(log zerolog.Logger, ev verbs.AsyncEvent, port int, dev *verbs.Context) {
 	if ev.Port != port {
 		return
@@ -159,6 +165,9 @@ func LogPort(log zerolog.Logger, ev verbs.AsyncEvent, port int, dev *verbs.Conte
 		log.Warn().Str("device", dev.Name()).Int("port", port).Msg("the port went down (IBV_EVENT_PORT_ERR)")
 	case verbs.AsyncPortActive:
 		log.Info().Str("device", dev.Name()).Int("port", port).Msg("the port is up again (IBV_EVENT_PORT_ACTIVE)")
+	case verbs.AsyncGIDChange:
+		log.Info().Str("device", dev.Name()).Int("port", port).
+			Msg("the port's GID table changed (IBV_EVENT_GID_CHANGE): a connection whose source GID entry was re-created fails its next request")
 	default:
 		log.Debug().Str("device", dev.Name()).Int("port", port).Stringer("event", ev.Type).Msg("asynchronous event")
 	}

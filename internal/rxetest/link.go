@@ -47,6 +47,26 @@ func SetLink(t testing.TB, netdev, state string) {
 	}
 }
 
+// SetMAC gives netdev the MAC address mac (ip link), and returns putBack,
+// which gives it its own back. putBack runs when the test ends, if the
+// test has not run it.
+func SetMAC(t testing.TB, netdev, mac string) (putBack func()) {
+	t.Helper()
+	was, err := os.ReadFile(filepath.Join("/sys/class/net", netdev, "address"))
+	require.NoError(t, err)
+	out, err := exec.Command("ip", "link", "set", "dev", netdev, "address", mac).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var once sync.Once
+	putBack = func() {
+		once.Do(func() {
+			out, err := exec.Command("ip", "link", "set", "dev", netdev, "address", strings.TrimSpace(string(was))).CombinedOutput()
+			require.NoError(t, err, "putting %s's MAC address back: %s", netdev, out)
+		})
+	}
+	t.Cleanup(putBack)
+	return putBack
+}
+
 // RemoveAddress deletes ip, an address of netdev, from it, and returns
 // putBack, which adds it back with the prefix it had (an IPv6 address
 // without duplicate address detection, as the testbed adds it, so that

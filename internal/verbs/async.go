@@ -27,7 +27,7 @@ const (
 	asyncPKeyChange  AsyncEventType = C.IBV_EVENT_PKEY_CHANGE
 	asyncSMChange    AsyncEventType = C.IBV_EVENT_SM_CHANGE
 	asyncClientRereg AsyncEventType = C.IBV_EVENT_CLIENT_REREGISTER
-	asyncGIDChange   AsyncEventType = C.IBV_EVENT_GID_CHANGE
+	AsyncGIDChange   AsyncEventType = C.IBV_EVENT_GID_CHANGE // the port's address table (RoCE's GIDs) changed
 )
 
 // String is libibverbs' description of the event (ibv_event_type_str).
@@ -80,7 +80,7 @@ func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
 	out := AsyncEvent{Type: AsyncEventType(ev.event_type)}
 	switch out.Type {
 	case AsyncPortActive, AsyncPortErr, asyncLIDChange, asyncPKeyChange, asyncSMChange,
-		asyncClientRereg, asyncGIDChange:
+		asyncClientRereg, AsyncGIDChange:
 		out.Port = int(*(*C.int)(unsafe.Pointer(&ev.element)))
 	case AsyncDeviceFatal:
 	default: // the union holds the QP's, CQ's, SRQ's or WQ's address
