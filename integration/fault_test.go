@@ -180,6 +180,7 @@ func disarmDeviceFaults() {
 	verbs.FailNextCompletion(0, verbs.WCSuccess)
 	verbs.HoldCompletions(0, false)
 	verbs.HoldShrunkCQ(false)
+	verbs.RewriteNextAsyncEvent(0)
 	verbs.FailCreate(0, 0, nil)
 	verbs.FailNextPost(false, 0, nil)
 	verbs.ShrinkCQ(0, 0)
@@ -1090,6 +1091,49 @@ func TestInjectedCQOverrunEndsAMsgConn(t *testing.T) {
 		}
 	}
 	require.Positive(t, failed, "the senders outlived the connection")
+}
+
+// TestInjectedQPFailureAloneEndsTheEndpoint: the device reports that the
+// server's QP failed (IBV_EVENT_QP_FATAL; injected: a port's event,
+// rewritten by verbs.RewriteNextAsyncEvent) while nothing is posted and
+// the CM says nothing. The server's endpoint ends by itself once the
+// grace it gives the CM's word is over, with an error matching
+// endpoint.ErrDeviceFailure and endpoint.ErrClosed, not net.ErrClosed,
+// that names the event; it disconnects, so the client ends too, with
+// cm.ErrPeerDisconnected.
+// Without the event the connection would look up for ever: nothing is
+// posted that could complete with an error. Nothing leaks.
+func TestInjectedQPFailureAloneEndsTheEndpoint(t *testing.T) {
+	netdev := rxetest.Netdev(t)
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	t.Cleanup(disarmDeviceFaults)
+	p := connect(t, ctx) // the server's QP is made last, once the client's request came
+	verbs.RewriteNextAsyncEvent(verbs.AsyncQPFatal)
+	// A port's event that leaves the connection as it was: on rxe a new
+	// address's GID entry, on siw (which has no GID table, and whose
+	// device would not follow a new MAC address) a LID change. Each is
+	// undone before the closes: cleanups run last first.
+	if rxetest.IWARP() {
+		rxetest.SetMAC(t, netdev, "02:00:00:00:00:98")
+	} else {
+		rxetest.AddAddress(t, netdev, "fd00:98::1/128")
+	}
+
+	for _, ep := range []*endpoint.Endpoint{p.server, p.client} {
+		select {
+		case <-ep.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the connection did not end: server %v, client %v", p.server.Err(), p.client.Err())
+		}
+	}
+	err := p.server.Err()
+	require.ErrorIs(t, err, endpoint.ErrDeviceFailure)
+	require.ErrorIs(t, err, endpoint.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed, "the application did not close it")
+	require.ErrorContains(t, err, verbs.AsyncQPFatal.String())
+	require.ErrorIs(t, p.client.Err(), cm.ErrPeerDisconnected)
+	t.Logf("server: %v; client: %v", err, p.client.Err())
 }
 
 // TestInjectedAsyncEventReadFailureIsLogged: reading the device's

@@ -67,11 +67,21 @@ func SetMAC(t testing.TB, netdev, mac string) (putBack func()) {
 	return putBack
 }
 
+// AddAddress adds prefixed, an address with its prefix length, to netdev
+// (addAddress), and deletes it when the test ends.
+func AddAddress(t testing.TB, netdev, prefixed string) {
+	t.Helper()
+	out, err := addAddress(netdev, prefixed)
+	require.NoError(t, err, "%s", out)
+	t.Cleanup(func() {
+		out, err := exec.Command("ip", "addr", "del", prefixed, "dev", netdev).CombinedOutput()
+		require.NoError(t, err, "deleting %s: %s", prefixed, out)
+	})
+}
+
 // RemoveAddress deletes ip, an address of netdev, from it, and returns
-// putBack, which adds it back with the prefix it had (an IPv6 address
-// without duplicate address detection, as the testbed adds it, so that
-// it is usable at once). putBack runs when the test ends, if the test has
-// not run it.
+// putBack, which adds it back with the prefix it had (addAddress).
+// putBack runs when the test ends, if the test has not run it.
 func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 	t.Helper()
 	out, err := exec.Command("ip", "-o", "addr", "show", "dev", netdev).CombinedOutput()
@@ -88,14 +98,21 @@ func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 	var once sync.Once
 	putBack = func() {
 		once.Do(func() {
-			args := []string{"addr", "add", prefixed, "dev", netdev}
-			if strings.Contains(ip, ":") {
-				args = append(args, "nodad")
-			}
-			out, err := exec.Command("ip", args...).CombinedOutput()
+			out, err := addAddress(netdev, prefixed)
 			require.NoError(t, err, "putting %s back: %s", prefixed, out)
 		})
 	}
 	t.Cleanup(putBack)
 	return putBack
+}
+
+// addAddress adds prefixed, an address with its prefix length, to netdev:
+// an IPv6 one without duplicate address detection, as the testbed adds
+// its own, so that it is usable at once. It returns ip's output.
+func addAddress(netdev, prefixed string) ([]byte, error) {
+	args := []string{"addr", "add", prefixed, "dev", netdev}
+	if strings.Contains(prefixed, ":") {
+		args = append(args, "nodad")
+	}
+	return exec.Command("ip", args...).CombinedOutput()
 }

@@ -87,7 +87,7 @@ func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
 		out.Element = *(*uintptr)(unsafe.Pointer(&ev.element))
 	}
 	C.ibv_ack_async_event(&ev)
-	return out, nil
+	return injectedRewrite(out), nil
 }
 
 // Name is the device's name (rxe0, siw0, mlx5_0, ...).

@@ -25,21 +25,23 @@ var fault struct {
 	failAs  WCStatus
 	hold    WCOpcode // with holding: polls finding hold keep what they found
 	holding bool
-	stashed map[*CQ]int // completions a failed poll left for the next
-	refuse  *refusal    // armed: the next post holding it refuses it
-	event   repeated    // armed: reads of a pending CQ event fail
-	arm     repeated    // armed: arming a CQ fails
-	qpMove  repeated    // armed: moving a QP to the error state fails
-	cmEvent repeated    // armed: reads of a pending CM event fail
-	async   repeated    // armed: reads of a pending asynchronous event fail
-	discon  error       // armed: the next rdma_disconnect fails
-	listen6 error       // armed: rdma_listen of IPv6 addresses fails
-	create  creation    // armed: a creation of create.kind fails
-	cqSize  int         // armed: a CQ is created with this many entries,
-	cqSkip  int         // after this many more
-	shrunk  *CQ         // the CQ cqSize made, until it is destroyed
-	holdCQ  bool        // polls of shrunk keep what they found
-	fired   int         // failures injected so far (Injected)
+	stashed map[*CQ]int    // completions a failed poll left for the next
+	refuse  *refusal       // armed: the next post holding it refuses it
+	event   repeated       // armed: reads of a pending CQ event fail
+	arm     repeated       // armed: arming a CQ fails
+	qpMove  repeated       // armed: moving a QP to the error state fails
+	cmEvent repeated       // armed: reads of a pending CM event fail
+	async   repeated       // armed: reads of a pending asynchronous event fail
+	discon  error          // armed: the next rdma_disconnect fails
+	listen6 error          // armed: rdma_listen of IPv6 addresses fails
+	create  creation       // armed: a creation of create.kind fails
+	cqSize  int            // armed: a CQ is created with this many entries,
+	cqSkip  int            // after this many more
+	shrunk  *CQ            // the CQ cqSize made, until it is destroyed
+	holdCQ  bool           // polls of shrunk keep what they found
+	lastQP  uintptr        // the QPKey of the QP created last
+	rewrite AsyncEventType // armed (not 0): the next port event read becomes this, about lastQP
+	fired   int            // failures injected so far (Injected)
 }
 
 // ForGood, as the count of FailCQEvents, FailCQArms, FailQPMoves,
@@ -418,4 +420,36 @@ func (id *CMID) injectedListenFault() error {
 	fault.mu.Lock()
 	defer fault.mu.Unlock()
 	return fault.listen6
+}
+
+// RewriteNextAsyncEvent makes the next asynchronous event about a port
+// (its state, its LID or GID table) that the process reads, on any
+// device, come out as typ about the QP created last, as a device reports
+// a QP that failed; the port's event is lost. Something must raise a
+// port's event: on rxe a new address of the netdev does (a GID table
+// change), on siw a new MAC address (a LID change). 0 disarms it.
+func RewriteNextAsyncEvent(typ AsyncEventType) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.rewrite = typ
+}
+
+// noteQPCreated records the QP created last, for RewriteNextAsyncEvent.
+func noteQPCreated(key uintptr) {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	fault.lastQP = key
+}
+
+// injectedRewrite is ev, or what RewriteNextAsyncEvent armed in its place.
+func injectedRewrite(ev AsyncEvent) AsyncEvent {
+	fault.mu.Lock()
+	defer fault.mu.Unlock()
+	if fault.rewrite == 0 || ev.Port == 0 {
+		return ev
+	}
+	ev = AsyncEvent{Type: fault.rewrite, Element: fault.lastQP}
+	fault.rewrite = 0
+	fault.fired++
+	return ev
 }

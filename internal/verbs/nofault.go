@@ -19,3 +19,5 @@ func injectedRefusal(nrecv, nsend int) (refusal, bool) { return refusal{}, false
 func injectedCreateFault(Resource) error               { return nil }
 func injectedCQSize(cqe int) (int, bool)               { return cqe, false }
 func (cq *CQ) markShrunk()                             {}
+func noteQPCreated(uintptr)                            {}
+func injectedRewrite(ev AsyncEvent) AsyncEvent         { return ev }

@@ -379,6 +379,7 @@ func (id *CMID) CreateQP(pd *PD, in QPInit) (QPCaps, error) {
 		return QPCaps{}, callError(fmt.Sprintf("rdma_create_qp(send %d, recv %d, sge %d/%d, inline %d)",
 			in.MaxSendWR, in.MaxRecvWR, in.MaxSendSGE, in.MaxRecvSGE, in.MaxInline), err)
 	}
+	noteQPCreated(id.QPKey())
 	return QPCaps{MaxSendWR: int(a.cap.max_send_wr), MaxRecvWR: int(a.cap.max_recv_wr),
 		MaxSendSGE: int(a.cap.max_send_sge), MaxRecvSGE: int(a.cap.max_recv_sge),
 		MaxInline: int(a.cap.max_inline_data)}, nil
