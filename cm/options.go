@@ -108,7 +108,10 @@ func init() {
 		for _, f := range opts.([]Option) {
 			f.apply(&o)
 		}
-		return o.ep, o.rnrRetrySet, o.finish()
+		// finish completes o.ep: it must run before o.ep is read, an
+		// order a single return statement does not fix.
+		err := o.finish()
+		return o.ep, o.rnrRetrySet, err
 	}
 	seam.WithHandler = func(handler any, end func()) any {
 		return Option(func(o *connOptions) { o.ep.Handler, o.ep.HandlerEnd = handler, end })
