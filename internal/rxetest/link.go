@@ -40,8 +40,7 @@ func KeepAddressesOnDown(t testing.TB, netdev string) {
 // happened.
 func SetLink(t testing.TB, netdev, state string) {
 	t.Helper()
-	out, err := exec.Command("ip", "link", "set", netdev, state).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	runIP(t, "link", "set", netdev, state)
 	if state == "down" {
 		t.Cleanup(func() { exec.Command("ip", "link", "set", netdev, "up").Run() })
 	}
@@ -54,29 +53,18 @@ func SetMAC(t testing.TB, netdev, mac string) (putBack func()) {
 	t.Helper()
 	was, err := os.ReadFile(filepath.Join("/sys/class/net", netdev, "address"))
 	require.NoError(t, err)
-	out, err := exec.Command("ip", "link", "set", "dev", netdev, "address", mac).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	var once sync.Once
-	putBack = func() {
-		once.Do(func() {
-			out, err := exec.Command("ip", "link", "set", "dev", netdev, "address", strings.TrimSpace(string(was))).CombinedOutput()
-			require.NoError(t, err, "putting %s's MAC address back: %s", netdev, out)
-		})
-	}
-	t.Cleanup(putBack)
-	return putBack
+	runIP(t, "link", "set", "dev", netdev, "address", mac)
+	return onceAtCleanup(t, func() {
+		runIP(t, "link", "set", "dev", netdev, "address", strings.TrimSpace(string(was)))
+	})
 }
 
 // AddAddress adds prefixed, an address with its prefix length, to netdev
 // (addAddress), and deletes it when the test ends.
 func AddAddress(t testing.TB, netdev, prefixed string) {
 	t.Helper()
-	out, err := addAddress(netdev, prefixed)
-	require.NoError(t, err, "%s", out)
-	t.Cleanup(func() {
-		out, err := exec.Command("ip", "addr", "del", prefixed, "dev", netdev).CombinedOutput()
-		require.NoError(t, err, "deleting %s: %s", prefixed, out)
-	})
+	runIP(t, addAddress(netdev, prefixed)...)
+	t.Cleanup(func() { runIP(t, "addr", "del", prefixed, "dev", netdev) })
 }
 
 // RemoveAddress deletes ip, an address of netdev, from it, and returns
@@ -84,8 +72,7 @@ func AddAddress(t testing.TB, netdev, prefixed string) {
 // putBack runs when the test ends, if the test has not run it.
 func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 	t.Helper()
-	out, err := exec.Command("ip", "-o", "addr", "show", "dev", netdev).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	out := runIP(t, "-o", "addr", "show", "dev", netdev)
 	var prefixed string
 	for _, f := range strings.Fields(string(out)) {
 		if strings.HasPrefix(f, ip+"/") {
@@ -93,26 +80,35 @@ func RemoveAddress(t testing.TB, netdev, ip string) (putBack func()) {
 		}
 	}
 	require.NotEmpty(t, prefixed, "%s is no address of %s: %s", ip, netdev, out)
-	out, err = exec.Command("ip", "addr", "del", prefixed, "dev", netdev).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	var once sync.Once
-	putBack = func() {
-		once.Do(func() {
-			out, err := addAddress(netdev, prefixed)
-			require.NoError(t, err, "putting %s back: %s", prefixed, out)
-		})
-	}
-	t.Cleanup(putBack)
-	return putBack
+	runIP(t, "addr", "del", prefixed, "dev", netdev)
+	return onceAtCleanup(t, func() { runIP(t, addAddress(netdev, prefixed)...) })
 }
 
-// addAddress adds prefixed, an address with its prefix length, to netdev:
-// an IPv6 one without duplicate address detection, as the testbed adds
-// its own, so that it is usable at once. It returns ip's output.
-func addAddress(netdev, prefixed string) ([]byte, error) {
+// addAddress is ip's arguments that add prefixed, an address with its
+// prefix length, to netdev: an IPv6 one without duplicate address
+// detection, as the testbed adds its own, so that it is usable at once.
+func addAddress(netdev, prefixed string) []string {
 	args := []string{"addr", "add", prefixed, "dev", netdev}
 	if strings.Contains(prefixed, ":") {
 		args = append(args, "nodad")
 	}
-	return exec.Command("ip", args...).CombinedOutput()
+	return args
+}
+
+// runIP runs ip with args and returns its output; the test fails, with
+// the output, if ip does.
+func runIP(t testing.TB, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+	return out
+}
+
+// onceAtCleanup returns undo made to run once at most, and runs it when
+// the test ends if the test has not.
+func onceAtCleanup(t testing.TB, undo func()) func() {
+	var once sync.Once
+	f := func() { once.Do(undo) }
+	t.Cleanup(f)
+	return f
 }
