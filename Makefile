@@ -56,9 +56,9 @@ test-host: build
 # (-p 1: Soft-RoCE drops completions when many processes drive it at once).
 # A missing device fails these tests instead of skipping them.
 # integration/removal removes the device under a process and puts it back,
-# and integration/portdown deletes its address, then takes its link down,
-# under traffic (which leaves rxe's CM unable to connect), each in a guest
-# of its own.
+# and integration/portdown deletes its address, gives its netdev another
+# MAC address, then takes its link down, under traffic (which leaves rxe's
+# CM unable to connect), each in a guest of its own.
 test-rxe: build
 	RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -p 1 -v -timeout 20m -exec $(RXEVM) ./integration ./integration/removal ./integration/portdown
 
