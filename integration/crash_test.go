@@ -355,10 +355,13 @@ type callFailure struct {
 
 // TestServerKilledUnderClient: a server process is killed while callers
 // are busy; every call returns an error within crashBound; none hangs.
+// A server restarted at once on the same port listens there (no
+// "address in use" from what the killed one left) and serves a new
+// client.
 func TestServerKilledUnderClient(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	child, _, cl, calls, failed := busyCallers(t, ctx, 0)
+	child, addr, cl, calls, failed := busyCallers(t, ctx, 0)
 	now := time.Now()
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	for range 8 {
@@ -373,6 +376,16 @@ func TestServerKilledUnderClient(t *testing.T) {
 	t.Logf("%d calls before the kill; all 8 callers failed within %v", calls.Load(), time.Since(now))
 	_, err := cl.Call(ctx, "echo", nil)
 	require.ErrorIs(t, err, cm.ErrPeerDisconnected, "later calls fail at once")
+
+	restarted := time.Now()
+	startHelper(t, "server", "listening", addr)
+	t.Logf("the restarted server listened on %s after %v", addr, time.Since(restarted))
+	again, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err, "a client of the restarted server")
+	defer again.Close()
+	got, err := again.Call(ctx, "echo", []byte("after the restart"))
+	require.NoError(t, err)
+	require.Equal(t, "after the restart", string(got))
 }
 
 // frozenBound is how long a caller of a frozen server may wait for its
