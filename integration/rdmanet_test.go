@@ -130,6 +130,95 @@ func TestRdmanetHTTP(t *testing.T) {
 	require.ErrorIs(t, <-served, http.ErrServerClosed)
 }
 
+// TestRdmanetHTTPShutdownWaitsForRequests: net/http's graceful shutdown
+// over rdmanet, as a service restarts. With 4 requests in their handlers,
+// each on a connection its client keeps alive, Shutdown closes the
+// listener at once (Serve returns http.ErrServerClosed, a new dial is
+// refused) and waits; once the handlers return, every response arrives
+// whole, Shutdown closes the connections that went idle and returns nil,
+// and each client's next request, on a connection of its own, is
+// refused. Nothing leaks.
+func TestRdmanetHTTPShutdownWaitsForRequests(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	const clients = 4
+	entered, release := make(chan struct{}, clients), make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if r.URL.Path == "/held" {
+			entered <- struct{}{}
+			<-release
+		}
+		w.Write(body)
+	})}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	url := "http://" + l.Addr().String()
+	responses := make(chan error, clients)
+	var transports []*http.Transport
+	for i := range clients {
+		tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
+		transports = append(transports, tr)
+		t.Cleanup(tr.CloseIdleConnections)
+		body := make([]byte, 256<<10)
+		pattern(body, i)
+		go func() {
+			resp, err := (&http.Client{Transport: tr}).Post(url+"/held", "application/octet-stream", bytes.NewReader(body))
+			if err != nil {
+				responses <- err
+				return
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && (resp.StatusCode != http.StatusOK || !bytes.Equal(got, body)) {
+				err = fmt.Errorf("client %d: status %d, %d bytes back", i, resp.StatusCode, len(got))
+			}
+			responses <- err
+		}()
+	}
+	for range clients {
+		<-entered
+	}
+
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- srv.Shutdown(ctx) }()
+	select {
+	case err := <-served:
+		require.ErrorIs(t, err, http.ErrServerClosed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return once Shutdown began")
+	}
+	_, err = rdmanet.Dial(ctx, l.Addr().String())
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "a dial once the listener is closed")
+	select {
+	case err := <-shutdown:
+		t.Fatalf("Shutdown returned with requests in their handlers: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	close(release)
+	for range clients {
+		require.NoError(t, <-responses)
+	}
+	select {
+	case err := <-shutdown:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return once the requests were answered")
+	}
+	for i, tr := range transports {
+		_, err := (&http.Client{Transport: tr}).Get(url + "/after")
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "client %d after the shutdown", i)
+	}
+}
+
 // TestRdmanetCloseWrite: half-close as with TCP. The client writes 1 MiB
 // and calls CloseWrite; the server echoes until io.EOF and then closes;
 // the client reads back every byte, then io.EOF. A Write after CloseWrite
