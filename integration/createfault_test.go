@@ -438,12 +438,7 @@ func TestInjectedRefusedAcceptKeepsHTTPServing(t *testing.T) {
 
 	tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
 	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr}).Get("http://" + l.Addr().String() + "/")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	require.Equal(t, "still serving", string(body))
+	require.Equal(t, "still serving", httpGet(t, tr, "http://"+l.Addr().String()+"/"))
 	select {
 	case err := <-served:
 		t.Fatalf("Serve ended: %v", err)

@@ -219,6 +219,93 @@ func TestRdmanetHTTPShutdownWaitsForRequests(t *testing.T) {
 	}
 }
 
+// TestRdmanetHTTPTimeoutsCloseStalledConns: net/http's own timeouts,
+// which work through the conn's read deadline, over rdmanet. A client
+// that sends part of a request's header and stalls (slowloris) has its
+// connection closed once ReadHeaderTimeout passes: the deadline ends
+// the server's Read that waits for the rest, and net/http closes without
+// a word, so the client reads io.EOF and no response. A kept-alive
+// connection left idle is closed once IdleTimeout passes. Nothing leaks.
+func TestRdmanetHTTPTimeoutsCloseStalledConns(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	closed := make(chan net.Conn, 4)
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		ReadHeaderTimeout: 300 * time.Millisecond,
+		IdleTimeout:       300 * time.Millisecond,
+		ConnState: func(c net.Conn, s http.ConnState) {
+			if s == http.StateClosed {
+				closed <- c
+			}
+		},
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	defer func() {
+		require.NoError(t, srv.Shutdown(ctx))
+		require.ErrorIs(t, <-served, http.ErrServerClosed)
+	}()
+
+	t.Run("ReadHeaderTimeout", func(t *testing.T) {
+		c, err := rdmanet.Dial(ctx, l.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: stalled\r\n")
+		require.NoError(t, err)
+		requireClosedByServer(t, closed, c.LocalAddr())
+		got, err := io.ReadAll(c)
+		require.NoError(t, err, "the server closed the stalled connection (io.EOF)")
+		require.Empty(t, string(got), "and answered nothing")
+	})
+
+	t.Run("IdleTimeout", func(t *testing.T) {
+		dialed := make(chan net.Addr, 1)
+		tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&rdmanet.Dialer{}).DialContext(ctx, network, addr)
+			if err == nil {
+				dialed <- c.LocalAddr()
+			}
+			return c, err
+		}}
+		defer tr.CloseIdleConnections()
+		require.Equal(t, "ok", httpGet(t, tr, "http://"+l.Addr().String()+"/"))
+		requireClosedByServer(t, closed, <-dialed) // while the client keeps it alive
+	})
+}
+
+// httpGet gets url through tr and returns the response's body, which must
+// come whole.
+func httpGet(t *testing.T, tr *http.Transport, url string) string {
+	t.Helper()
+	resp, err := (&http.Client{Transport: tr}).Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+// requireClosedByServer waits, for 10 s at most, until the HTTP server
+// has closed its connection from client, a client's local address (the
+// server's ConnState hook sends each closed connection on closed).
+func requireClosedByServer(t *testing.T, closed <-chan net.Conn, client net.Addr) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case c := <-closed:
+			if c.RemoteAddr().String() == client.String() {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the server did not close the connection from %v", client)
+		}
+	}
+}
+
 // TestRdmanetCloseWrite: half-close as with TCP. The client writes 1 MiB
 // and calls CloseWrite; the server echoes until io.EOF and then closes;
 // the client reads back every byte, then io.EOF. A Write after CloseWrite
