@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -69,6 +71,55 @@ func TestGRPCOverRdmanet(t *testing.T) {
 	require.NoError(t, cc.Close())
 	s.GracefulStop()
 	require.NoError(t, <-served)
+}
+
+// TestGRPCRedialsARestartedServer: a gRPC client connection over rdmanet
+// outlives its server, as it does over TCP. The server stops (Stop, the
+// connection closed under the client); while nothing listens, a call
+// fails with Unavailable, its redials over rdmanet refused; once a new
+// server listens on the same port, the same client connection's next
+// call, waiting for it to be ready, redials and succeeds. Nothing is left
+// behind.
+func TestGRPCRedialsARestartedServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rxetest.CheckResources(t)
+	first, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	addr := first.Addr().String()
+	serveOn := func(l net.Listener) (stop func()) {
+		s := newServer()
+		served := make(chan error, 1)
+		go func() { served <- s.Serve(l) }()
+		return func() {
+			s.Stop()
+			require.NoError(t, <-served)
+		}
+	}
+	stop := serveOn(first)
+	cc, err := rdmanetClientConn(addr)
+	require.NoError(t, err)
+	defer cc.Close()
+	c := echopb.NewClient(cc)
+	echo := func(ctx context.Context, what string, opts ...grpc.CallOption) error {
+		got, err := c.Echo(ctx, wrapperspb.Bytes([]byte(what)), opts...)
+		if err == nil && string(got.GetValue()) != what {
+			err = fmt.Errorf("echoed %q, want %q", got.GetValue(), what)
+		}
+		return err
+	}
+	require.NoError(t, echo(ctx, "before the restart"))
+
+	stop()
+	short, cancelShort := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelShort()
+	err = echo(short, "while nobody listens")
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+
+	second, err := rdmanet.Listen(ctx, addr)
+	require.NoError(t, err, "a new server on the same port")
+	defer serveOn(second)()
+	require.NoError(t, echo(ctx, "after the restart", grpc.WaitForReady(true)))
 }
 
 // TestBenchComparesBothTransports: -mode bench's code runs the same load
