@@ -117,9 +117,10 @@ test-fuzz: build
 	cd integration && RDMACM_REQUIRE_DEVICE=1 $(RXEVM) -w $(CURDIR)/integration $(CURDIR)/bin/integration.fuzz \
 	  -test.run '^$$' -test.fuzz '^FuzzPostRequest$$' -test.fuzztime 20000x -test.parallel 1 -test.fuzzcachedir /var/tmp/fuzz
 
-# grpc-go over rdmanet (examples/grpc's tests) on rxe0.
+# grpc-go over rdmanet (examples/grpc's tests) on rxe0 and on siw0.
 test-grpc: build
 	cd $(GRPC_EXAMPLE) && RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec $(RXEVM) ./...
+	cd $(GRPC_EXAMPLE) && RDMACM_REQUIRE_DEVICE=1 $(GO) test -race -count=1 -v -exec '$(RXEVM) -device siw' ./...
 
 test: vet test-host test-rxe test-siw test-norace test-faults test-examples test-grpc test-fuzz test-wire
 
