@@ -7,7 +7,9 @@ package toolrun
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -113,6 +115,38 @@ func (p *Proc) Wait() (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.out.String(), err
+}
+
+// WaitListening waits until the program has a CM id listening, as the
+// kernel's table of them (`rdma res show cm_id`) says; false after d. It
+// is how a test knows a server is ready for its client when the server
+// prints nothing once it listens, as librdmacm's udaddy does not.
+func (p *Proc) WaitListening(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		out, err := exec.Command("rdma", "-j", "res", "show", "cm_id").Output()
+		var ids []struct {
+			State string `json:"state"`
+			PID   int    `json:"pid"`
+		}
+		if err == nil && json.Unmarshal(out, &ids) == nil {
+			for _, id := range ids {
+				if id.State == "LISTEN" && p.hasThread(id.PID) {
+					return true
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+// hasThread: tid is one of the program's threads. The kernel names the
+// owner of a CM id by the thread that made it, which in a Go program need
+// not be its first.
+func (p *Proc) hasThread(tid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", p.cmd.Process.Pid, tid))
+	return err == nil
 }
 
 // RequireRefused runs this example's main once for each flag and value of
