@@ -6,8 +6,10 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +154,14 @@ func TestRdmacatStopsWhileItsInputIsIdle(t *testing.T) {
 	// The read of stdin rdmacat left holds a send buffer of the closed
 	// connection, and so its registered memory, until the read returns.
 	require.NoError(t, r.stdin.Close())
+	requireLeftReadFreed(t, before)
+}
+
+// requireLeftReadFreed: once the read of stdin that rdmacat left behind
+// has returned, the send buffer it held, and so its registered memory and
+// protection domain, are freed, and the counts come back to before.
+func requireLeftReadFreed(t *testing.T, before rxetest.Resources) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		now := rxetest.CountResources(t)
 		return now["mr"] == before["mr"] && now["pd"] == before["pd"]
@@ -202,3 +212,66 @@ func TestRdmacatReceiveOnly(t *testing.T) {
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestRdmacatStopsWhenItsOutputFails: a write to standard output that
+// fails (a full disk) ends rdmacat at once with exit status 1, naming the
+// error, though its input is idle. The peer, still writing, gets the
+// broken pipe a TCP peer would, rather than waiting on a reader that is
+// gone, and nothing is left registered.
+func TestRdmacatStopsWhenItsOutputFails(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	before := rxetest.CountResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	stdin, idle := io.Pipe()
+	defer idle.Close()
+	const room = 1 << 20
+	written := 0
+	full := writerFunc(func(p []byte) (int, error) {
+		n := min(len(p), room-written)
+		written += n
+		if n < len(p) {
+			return n, &os.PathError{Op: "write", Path: "copy.iso", Err: syscall.ENOSPC}
+		}
+		return n, nil
+	})
+	data := make([]byte, 8<<20)
+	pattern(data, 4)
+	var errs bytes.Buffer
+	code := make(chan int, 1)
+	go func() { code <- rdmacat.Main(ctx, []string{l.Addr().String()}, stdin, full, &errs) }()
+	c, err := l.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(data)
+		wrote <- err
+	}()
+	select {
+	case got := <-code:
+		require.Equal(t, 1, got, "rdmacat: %s", errs.String())
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "rdmacat went on after its output failed")
+	}
+	require.Contains(t, errs.String(), "rdmacat: receiving: ")
+	require.Contains(t, errs.String(), "no space left on device")
+	require.Equal(t, room, written)
+	select {
+	case err := <-wrote:
+		require.ErrorIs(t, err, syscall.EPIPE, "the peer wrote to an rdmacat that had stopped")
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the peer's write waited on an rdmacat that had stopped")
+	}
+	require.NoError(t, c.Close())
+	require.NoError(t, l.Close())
+	require.NoError(t, idle.Close())
+	requireLeftReadFreed(t, before)
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
