@@ -1378,6 +1378,35 @@ func TestMsgOrderlyCloseIsEOF(t *testing.T) {
 	require.ErrorIs(t, server.Err(), msg.ErrPeerClosed)
 }
 
+// TestMsgAbortIsNoEOF: a peer that aborts says no goodbye, so the reader
+// never gets io.EOF: after what arrived, Recv fails with the connection's
+// end (the peer disconnected), which matches ErrClosed but not
+// ErrPeerClosed. On the aborting side, calls fail with net.ErrClosed, as
+// after Close, and a Close after Abort returns Abort's result.
+func TestMsgAbortIsNoEOF(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	client, server, _ := msgPair(t, ctx)
+	require.NoError(t, client.Send(ctx, []byte("cut short")))
+	require.NoError(t, client.Abort())
+	require.NoError(t, client.Close(), "Close after Abort")
+	for _, err := range []error{client.Send(ctx, []byte("after Abort")), recvErr(ctx, client)} {
+		require.ErrorIs(t, err, net.ErrClosed, "after this side's Abort")
+	}
+	var err error
+	for err == nil {
+		var m []byte
+		m, err = server.Recv(ctx)
+		if err == nil {
+			require.Equal(t, "cut short", string(m))
+		}
+	}
+	require.NotErrorIs(t, err, io.EOF)
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, msg.ErrPeerClosed)
+	require.ErrorIs(t, err, cm.ErrPeerDisconnected)
+}
+
 // recvErr is the error of a Recv on c.
 func recvErr(ctx context.Context, c *msg.Conn) error {
 	_, err := c.Recv(ctx)

@@ -136,7 +136,7 @@ type Conn struct {
 	lastCheck              time.Time // the control loop's last silence check
 	granted, receivedTotal int
 	reading                int  // this side's RDMA READs and atomics on the peer's memory in flight
-	closing                bool // Close said goodbye: no message may follow it
+	closing                bool // Close said goodbye, or Abort is closing: no message may follow
 	// Half-close (CloseWrite): messages are refused from writeClosed on;
 	// the control loop sends the TypeCloseWrite owed (eofOwed) once no
 	// send that took a credit before it is still on its way to the queue
@@ -740,12 +740,30 @@ func (c *Conn) fail(err error) {
 // most a second for one, and if the peer holds every message that long, it
 // sees an error instead. Idempotent: every call returns the first one's
 // result.
-func (c *Conn) Close() error {
+func (c *Conn) Close() error { return c.close(true) }
+
+// Abort ends the connection as Close does, but without the goodbye: what
+// is not yet sent (the stream's held bytes too) is dropped, and the peer's
+// calls fail with an error, its endpoint's (the peer disconnected), and
+// never io.EOF, as after a TCP reset. It is how a sender says that what it
+// sent is cut short, so that the peer cannot take it for the whole. Close
+// and Abort are idempotent together: the first call decides, and every
+// call returns its result.
+func (c *Conn) Abort() error { return c.close(false) }
+
+// close is Close, with the goodbye (goodbye) or without (Abort).
+func (c *Conn) close(goodbye bool) error {
 	if !c.made() {
 		return errConnNotMade
 	}
 	c.closeOnce.Do(func() {
-		c.sayGoodbye()
+		if goodbye {
+			c.sayGoodbye()
+		} else {
+			c.mu.Lock()
+			c.closing = true // sends that start now fail with ErrClosed
+			c.mu.Unlock()
+		}
 		c.mu.Lock()
 		peerFirst := c.peerClosed
 		c.mu.Unlock()

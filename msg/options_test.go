@@ -162,6 +162,7 @@ func TestNotMadeIsRefused(t *testing.T) {
 			"CloseWrite":     c.CloseWrite(),
 			"Err":            c.Err(),
 			"Close":          c.Close(),
+			"Abort":          c.Abort(),
 		} {
 			require.ErrorIs(t, err, endpoint.ErrInvalid, "Conn %s: %s", name, op)
 		}
