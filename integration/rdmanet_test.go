@@ -570,6 +570,7 @@ func TestRdmanetCallsAfterClose(t *testing.T) {
 		"SetReadDeadline":  func() error { return conn.SetReadDeadline(time.Time{}) },
 		"SetWriteDeadline": func() error { return conn.SetWriteDeadline(time.Now()) },
 		"CloseWrite":       conn.CloseWrite,
+		"SetLinger":        func() error { return conn.SetLinger(0) },
 	}
 	for name, call := range calls {
 		err := call()
@@ -582,6 +583,47 @@ func TestRdmanetCallsAfterClose(t *testing.T) {
 	require.NotNil(t, conn.RemoteAddr())
 	_, err = c2.Read(make([]byte, 8))
 	require.ErrorIs(t, err, io.EOF)
+}
+
+// TestRdmanetSetLingerZeroResets: after SetLinger(0), Close resets the
+// connection, as a TCP conn's does: the peer, reading what arrived of a
+// write, gets an error matching syscall.ECONNRESET, never io.EOF, and so
+// cannot take a stream cut short for a whole one. SetLinger(-1) puts the
+// goodbye back (the peer reads every byte, then io.EOF), and a bound on
+// the goodbye (sec > 0) is refused as unsupported.
+func TestRdmanetSetLingerZeroResets(t *testing.T) {
+	rxetest.CheckResources(t)
+	for _, linger := range []int{0, -1} {
+		t.Run(fmt.Sprintf("linger_%d", linger), func(t *testing.T) {
+			c1, c2, stop, err := rdmanetPair(t)
+			require.NoError(t, err)
+			defer stop()
+			conn := c1.(*rdmanet.Conn)
+			err = conn.SetLinger(5)
+			require.ErrorIs(t, err, errors.ErrUnsupported)
+			var opErr *net.OpError
+			require.ErrorAs(t, err, &opErr)
+			require.NoError(t, conn.SetLinger(0))
+			require.NoError(t, conn.SetLinger(linger), "the last value set counts")
+			data := make([]byte, 64<<10)
+			pattern(data, 5)
+			_, err = conn.Write(data)
+			require.NoError(t, err)
+			require.NoError(t, conn.Close())
+
+			require.NoError(t, c2.SetReadDeadline(time.Now().Add(10*time.Second)))
+			got, err := io.ReadAll(c2)
+			require.True(t, bytes.Equal(data[:len(got)], got), "the bytes read are not the ones written")
+			if linger < 0 {
+				require.NoError(t, err)
+				require.Equal(t, len(data), len(got), "a goodbye after a write lost bytes")
+				return
+			}
+			require.ErrorIs(t, err, syscall.ECONNRESET, "read %d of %d bytes", len(got), len(data))
+			require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
+			t.Logf("read %d of %d bytes, then: %v", len(got), len(data), err)
+		})
+	}
 }
 
 // Arith is the net/rpc service of TestRdmanetNetRPC.

@@ -102,6 +102,7 @@ func TestConnAndListenerNotMadeFailWithEINVAL(t *testing.T) {
 		require.ErrorIs(t, c.SetReadDeadline(time.Time{}), syscall.EINVAL, name)
 		require.ErrorIs(t, c.SetWriteDeadline(time.Time{}), syscall.EINVAL, name)
 		require.ErrorIs(t, c.CloseWrite(), syscall.EINVAL, name)
+		require.ErrorIs(t, c.SetLinger(0), syscall.EINVAL, name)
 		require.ErrorIs(t, c.Close(), syscall.EINVAL, name)
 		require.ErrorIs(t, c.Close(), syscall.EINVAL, name)
 		require.Nil(t, c.LocalAddr(), name)

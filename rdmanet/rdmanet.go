@@ -7,10 +7,11 @@
 // combined while it does not (see Write); flow control is msg's credits (a
 // slow reader never causes a receiver-not-ready); and Close says goodbye,
 // so the peer's Read returns io.EOF after the last byte (CloseWrite does
-// the same for one direction). A peer that crashed gives an error instead:
-// as on a TCP conn, it matches syscall.ECONNRESET (syscall.EPIPE for a
-// write after the peer's Close), and not net.ErrClosed, which only this
-// side's Close gives.
+// the same for one direction; after SetLinger(0), Close resets instead).
+// A peer that crashed or reset gives an error instead: as on a TCP conn,
+// it matches syscall.ECONNRESET (syscall.EPIPE for a write after the
+// peer's Close), and not net.ErrClosed, which only this side's Close
+// gives.
 //
 // Deadlines follow net.Conn: a passed deadline fails pending and future
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
@@ -98,6 +99,8 @@ type Conn struct {
 	// connection (a Read or Write of nothing, the deadline setters) look
 	// at it, to fail after Close as net's conns do.
 	shut atomic.Bool
+	// reset: SetLinger(0) was called, so Close resets (msg's Abort).
+	reset atomic.Bool
 }
 
 var (
@@ -312,7 +315,11 @@ func (c *Conn) Close() error {
 		return syscall.EINVAL
 	}
 	c.shut.Store(true)
-	err := c.c.Close() // a blocked Read returns, and leaves bufMu
+	closeMsg := c.c.Close
+	if c.reset.Load() {
+		closeMsg = c.c.Abort
+	}
+	err := closeMsg() // a blocked Read returns, and leaves bufMu
 	c.readDeadline.stop()
 	c.writeDeadline.stop()
 	// The message Read was taking bytes from holds registered memory;
@@ -327,6 +334,30 @@ func (c *Conn) Close() error {
 	if err != nil {
 		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 	}
+	return nil
+}
+
+// SetLinger sets how Close ends the connection, as *net.TCPConn's does
+// for the values it shares. With sec < 0, the default, Close says goodbye
+// after what was written: the peer reads it all, then io.EOF. With sec ==
+// 0, Close drops what is not yet sent and resets the connection: the
+// peer's calls fail with an error matching syscall.ECONNRESET, never
+// io.EOF, so that a peer reading a stream this side cut short (its source
+// failed) cannot take it for the whole one. sec > 0 is refused with an
+// error matching errors.ErrUnsupported: Close's goodbye has a bound of its
+// own, which this does not set.
+func (c *Conn) SetLinger(sec int) error {
+	if !c.ok() {
+		return syscall.EINVAL
+	}
+	if err := c.closedError("set"); err != nil {
+		return err
+	}
+	if sec > 0 {
+		return &net.OpError{Op: "set", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(),
+			Err: fmt.Errorf("rdmanet: SetLinger(%d): only 0 (reset) or a negative value (goodbye): %w", sec, errors.ErrUnsupported)}
+	}
+	c.reset.Store(sec == 0)
 	return nil
 }
 
