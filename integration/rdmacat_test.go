@@ -31,26 +31,8 @@ func TestRdmacat(t *testing.T) {
 	pattern(there, 1)
 	pattern(back, 2)
 
-	errR, errW := io.Pipe()
 	var listenerOut bytes.Buffer
-	listened := make(chan int, 1)
-	go func() {
-		listened <- rdmacat.Main(ctx, []string{"-v", "-l", net.JoinHostPort(rxetest.Addr(t), "0")},
-			bytes.NewReader(back), &listenerOut, errW)
-		errW.Close()
-	}()
-	stderr := bufio.NewScanner(errR)
-	require.True(t, stderr.Scan(), "the listener said nothing")
-	addr, ok := strings.CutPrefix(stderr.Text(), "rdmacat: listening on ")
-	require.True(t, ok, "first line: %q", stderr.Text())
-	listenerLog := make(chan string, 1)
-	go func() {
-		var log strings.Builder
-		for stderr.Scan() {
-			log.WriteString(stderr.Text() + "\n")
-		}
-		listenerLog <- log.String()
-	}()
+	addr, listened, listenerLog := startRdmacatListener(t, ctx, nil, bytes.NewReader(back), &listenerOut)
 
 	var dialerOut, dialerErr bytes.Buffer
 	require.Equal(t, 0, rdmacat.Main(ctx, []string{"-p", addr}, bytes.NewReader(there), &dialerOut, &dialerErr),
@@ -73,11 +55,40 @@ func TestRdmacat(t *testing.T) {
 	require.Zero(t, out.Len())
 }
 
+// startRdmacatListener runs rdmacat -v -l on the device, with flags
+// before them, and returns the address it listens on (its first line on
+// stderr), its exit status once it returns, and the rest of its stderr,
+// complete once it returned.
+func startRdmacatListener(t *testing.T, ctx context.Context, flags []string, stdin io.Reader, stdout io.Writer) (addr string, code <-chan int, log <-chan string) {
+	t.Helper()
+	errR, errW := io.Pipe()
+	exited := make(chan int, 1)
+	args := append(flags, "-v", "-l", net.JoinHostPort(rxetest.Addr(t), "0"))
+	go func() {
+		exited <- rdmacat.Main(ctx, args, stdin, stdout, errW)
+		errW.Close()
+	}()
+	stderr := bufio.NewScanner(errR)
+	require.True(t, stderr.Scan(), "the listener said nothing")
+	addr, ok := strings.CutPrefix(stderr.Text(), "rdmacat: listening on ")
+	require.True(t, ok, "first line: %q", stderr.Text())
+	rest := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		for stderr.Scan() {
+			b.WriteString(stderr.Text() + "\n")
+		}
+		rest <- b.String()
+	}()
+	return addr, exited, rest
+}
+
 // TestRdmacatStopsWhileItsInputIsIdle: after the peer's end of data,
 // rdmacat still sends what its input gives (a half-closed connection
 // carries this side's bytes) and exits 0 at the input's end. Told to stop
 // (an interrupt) while its input gives nothing, it returns at once: a read
 // of a terminal cannot be interrupted, so it must not wait for that read.
+// It resets the connection, so the peer reads no end of data.
 func TestRdmacatStopsWhileItsInputIsIdle(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -149,6 +160,9 @@ func TestRdmacatStopsWhileItsInputIsIdle(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		require.Fail(t, "rdmacat waited for its idle input after it was told to stop")
 	}
+	require.NoError(t, r.peer.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.ReadAll(r.peer)
+	require.ErrorIs(t, err, syscall.ECONNRESET, "the peer of an interrupted rdmacat")
 	require.NoError(t, r.peer.Close())
 	require.NoError(t, l.Close())
 	// The read of stdin rdmacat left holds a send buffer of the closed
@@ -215,9 +229,9 @@ func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // TestRdmacatStopsWhenItsOutputFails: a write to standard output that
 // fails (a full disk) ends rdmacat at once with exit status 1, naming the
-// error, though its input is idle. The peer, still writing, gets the
-// broken pipe a TCP peer would, rather than waiting on a reader that is
-// gone, and nothing is left registered.
+// error, though its input is idle. It resets the connection: the peer,
+// still writing, gets an error matching ECONNRESET rather than waiting on
+// a reader that is gone, and nothing is left registered.
 func TestRdmacatStopsWhenItsOutputFails(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
@@ -261,7 +275,7 @@ func TestRdmacatStopsWhenItsOutputFails(t *testing.T) {
 	require.Equal(t, room, written)
 	select {
 	case err := <-wrote:
-		require.ErrorIs(t, err, syscall.EPIPE, "the peer wrote to an rdmacat that had stopped")
+		require.ErrorIs(t, err, syscall.ECONNRESET, "the peer wrote to an rdmacat that had stopped")
 	case <-time.After(10 * time.Second):
 		require.FailNow(t, "the peer's write waited on an rdmacat that had stopped")
 	}
@@ -275,3 +289,39 @@ func TestRdmacatStopsWhenItsOutputFails(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestRdmacatInputFailureFailsItsReceiver: when the sending rdmacat's
+// input fails (a read error of the disk it copies from) after 1 MiB, the
+// receiving rdmacat must not exit 0 with the part it got, as if that were
+// the whole file: the sender exits 1 naming the read's error, and resets
+// the connection, so the receiver exits 1 too.
+func TestRdmacatInputFailureFailsItsReceiver(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	before := rxetest.CountResources(t)
+	var receiverOut bytes.Buffer
+	addr, received, receiverLog := startRdmacatListener(t, ctx, []string{"-d"}, strings.NewReader(""), &receiverOut)
+
+	const good = 1 << 20
+	data := make([]byte, good)
+	pattern(data, 6)
+	input := io.MultiReader(bytes.NewReader(data),
+		readerFunc(func([]byte) (int, error) {
+			return 0, &os.PathError{Op: "read", Path: "disk.iso", Err: syscall.EIO}
+		}))
+	var senderErr bytes.Buffer
+	require.Equal(t, 1, rdmacat.Main(ctx, []string{addr}, input, io.Discard, &senderErr), "sender: %s", senderErr.String())
+	require.Contains(t, senderErr.String(), "rdmacat: sending: ")
+	require.Contains(t, senderErr.String(), "input/output error")
+	select {
+	case code := <-received:
+		log := <-receiverLog
+		require.Equal(t, 1, code, "the receiver took %d bytes of a failed sender's for the whole: %s", receiverOut.Len(), log)
+		require.Contains(t, log, "connection reset by peer")
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the receiver waited on after its sender had failed")
+	}
+	require.LessOrEqual(t, receiverOut.Len(), good)
+	require.True(t, bytes.Equal(data[:receiverOut.Len()], receiverOut.Bytes()), "the bytes received are not the ones sent")
+	requireLeftReadFreed(t, before)
+}

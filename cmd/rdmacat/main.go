@@ -9,8 +9,11 @@
 // then: a receiving side that reads a terminal keeps the connection, and
 // so the sender, open until end of input is typed there. -d reads no
 // input, as OpenBSD's nc -d does, so a receiver ends with its sender
-// (as does redirecting its input from /dev/null). An interrupt or a
-// failed connection ends it at once, even while its input gives nothing.
+// (as does redirecting its input from /dev/null). An interrupt, a failed
+// connection, or a failed read of its input or write of its output ends
+// it at once, even while its input gives nothing, and resets the
+// connection: the other side then exits with an error too, rather than as
+// after a whole transfer.
 // The other side may be another rdmacat or any program using package
 // rdmanet.
 package main

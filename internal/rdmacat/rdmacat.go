@@ -91,9 +91,11 @@ func connect(ctx context.Context, listen bool, addr string, logf func(string, ..
 
 // cat copies stdin to conn (then half-closes it) and conn to stdout, until
 // both directions ended, and closes conn. The first error ends both, and so
-// does ctx. The bytes pass through no buffer of cat's: stdin reads into
-// conn's send buffers (ReadFrom), and stdout is handed its receive buffers
-// (WriteTo).
+// does ctx; either resets the connection (SetLinger(0)), so that the peer
+// gets an error rather than the end of the data, and cannot take what it
+// received for the whole. The bytes pass through no buffer of cat's: stdin
+// reads into conn's send buffers (ReadFrom), and stdout is handed its
+// receive buffers (WriteTo).
 //
 // Once the connection failed or ctx ended, cat returns without waiting for
 // a read of stdin in progress: nothing interrupts a read of a terminal or
@@ -103,7 +105,11 @@ func connect(ctx context.Context, listen bool, addr string, logf func(string, ..
 // peer's orderly end of data does cat wait for stdin's end, as a
 // half-closed connection still carries this side's bytes.
 func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Writer, c *counters) error {
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	reset := func() {
+		conn.SetLinger(0)
+		conn.Close()
+	}
+	stop := context.AfterFunc(ctx, reset)
 	defer stop()
 	// Buffered: a sender left behind in a read of stdin sends when it ends.
 	sent, received := make(chan error, 1), make(chan error, 1)
@@ -114,12 +120,12 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 	select {
 	case sendErr = <-sent:
 		if sendErr != nil {
-			conn.Close() // the other direction ends too
+			reset() // the other direction ends too
 		}
 		recvErr, both = <-received, true
 	case recvErr = <-received:
 		if recvErr != nil {
-			conn.Close()
+			reset()
 			break
 		}
 		select {
@@ -128,8 +134,11 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 		case <-ctx.Done():
 		}
 	}
-	closeErr := conn.Close()
 	err := errors.Join(sendErr, recvErr)
+	if err != nil || !both {
+		conn.SetLinger(0) // a direction was cut short
+	}
+	closeErr := conn.Close()
 	switch {
 	case ctx.Err() != nil && (err != nil || !both):
 		return ctx.Err() // what ending ctx cut short
