@@ -276,6 +276,97 @@ func TestRdmanetHTTPTimeoutsCloseStalledConns(t *testing.T) {
 	})
 }
 
+// TestRdmanetHTTPHandlerSeesClientGone: a handler learns that its client
+// went away, over rdmanet as over TCP, and stops working for nobody.
+// net/http reads the connection in the background while a handler runs,
+// and cancels the request's context when that read ends; it fails the
+// handler's writes once the client closed. A long poll whose client
+// cancels its request sees r.Context() end with context.Canceled, and a
+// download of 64 MiB whose client closes the body after 1 MiB gets a
+// write error matching EPIPE or ECONNRESET, as over TCP. Both within
+// 10 s; then Shutdown finds no connection left to wait for, and nothing
+// leaks.
+func TestRdmanetHTTPHandlerSeesClientGone(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	const chunk, download = 64 << 10, 64 << 20
+	entered := make(chan struct{}, 1)
+	ended := make(chan error, 1) // how the handler learned of it
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/poll":
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			entered <- struct{}{}
+			select {
+			case <-r.Context().Done():
+				ended <- r.Context().Err()
+			case <-time.After(time.Minute):
+				ended <- errors.New("the request's context did not end")
+			}
+		case "/download":
+			data := make([]byte, chunk)
+			for sent := 0; sent < download; sent += chunk {
+				if _, err := w.Write(data); err != nil {
+					ended <- err
+					return
+				}
+			}
+			ended <- errors.New("the whole download was written")
+		}
+	})}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	url := "http://" + l.Addr().String()
+	tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr}
+	handlerEnded := func() error {
+		t.Helper()
+		select {
+		case err := <-ended:
+			return err
+		case <-time.After(10 * time.Second):
+			require.FailNow(t, "the handler did not learn that its client went away")
+			return nil
+		}
+	}
+
+	t.Run("cancelled long poll", func(t *testing.T) {
+		reqCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, url+"/poll", nil)
+		require.NoError(t, err)
+		resp, err := cl.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		<-entered
+		cancel()
+		_, err = io.ReadAll(resp.Body)
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorIs(t, handlerEnded(), context.Canceled)
+	})
+
+	t.Run("abandoned download", func(t *testing.T) {
+		resp, err := cl.Get(url + "/download")
+		require.NoError(t, err)
+		n, err := io.CopyN(io.Discard, resp.Body, 1<<20)
+		require.NoError(t, err)
+		require.Equal(t, int64(1<<20), n)
+		require.NoError(t, resp.Body.Close())
+		// TCP gives either, as the close found unread bytes or not.
+		err = handlerEnded()
+		require.True(t, errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET), "the handler's write: %v", err)
+	})
+
+	shutCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, srv.Shutdown(shutCtx), "a connection was left open")
+	require.ErrorIs(t, <-served, http.ErrServerClosed)
+}
+
 // httpGet gets url through tr and returns the response's body, which must
 // come whole.
 func httpGet(t *testing.T, tr *http.Transport, url string) string {
