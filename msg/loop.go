@@ -308,13 +308,19 @@ func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error 
 
 // rendezvousError is why a rendezvous read failed. When the connection
 // ended under it (the device flushed the read, or refused it as the queue
-// pair left the state that sends) the endpoint's reason says why, once it
-// has one or gets one within the endpoint's grace, as for a flushed
-// receive. After the peer's goodbye the read's own failure stays: the peer
-// left with a message announced and not yet read.
+// pair left the state that sends, or the peer's side failed it because the
+// peer's process died and took its memory's registration with it before
+// its connection) the endpoint's reason says why, once it has one or gets
+// one within the endpoint's grace, as for a flushed receive. A failure the
+// CM does not explain within the grace (a live peer's bad key) ends the
+// endpoint itself, and stays. After the peer's goodbye the read's own
+// failure stays too: the peer left with a message announced and not yet
+// read.
 func (c *Conn) rendezvousError(length uint32, err error) error {
-	if _, refused := errors.AsType[*endpoint.PostError](err); refused || errors.Is(err, endpoint.ErrClosed) {
-		if reason, peerClosed := c.endCause(); reason != nil && !peerClosed {
+	_, refused := errors.AsType[*endpoint.PostError](err)
+	_, failed := errors.AsType[*endpoint.CompletionError](err)
+	if refused || failed || errors.Is(err, endpoint.ErrClosed) {
+		if reason, peerClosed := c.endCause(); reason != nil && !peerClosed && !errors.Is(reason, err) {
 			err = reason
 		}
 	}
