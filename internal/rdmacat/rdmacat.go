@@ -105,11 +105,10 @@ func connect(ctx context.Context, listen bool, addr string, logf func(string, ..
 // peer's orderly end of data does cat wait for stdin's end, as a
 // half-closed connection still carries this side's bytes.
 func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Writer, c *counters) error {
-	reset := func() {
-		conn.SetLinger(0)
-		conn.Close()
-	}
-	stop := context.AfterFunc(ctx, reset)
+	// Every Close resets but the last one of a whole transfer, which puts
+	// the goodbye back below.
+	conn.SetLinger(0)
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	// Buffered: a sender left behind in a read of stdin sends when it ends.
 	sent, received := make(chan error, 1), make(chan error, 1)
@@ -120,12 +119,12 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 	select {
 	case sendErr = <-sent:
 		if sendErr != nil {
-			reset() // the other direction ends too
+			conn.Close() // the other direction ends too
 		}
 		recvErr, both = <-received, true
 	case recvErr = <-received:
 		if recvErr != nil {
-			reset()
+			conn.Close()
 			break
 		}
 		select {
@@ -135,8 +134,8 @@ func cat(ctx context.Context, conn *rdmanet.Conn, stdin io.Reader, stdout io.Wri
 		}
 	}
 	err := errors.Join(sendErr, recvErr)
-	if err != nil || !both {
-		conn.SetLinger(0) // a direction was cut short
+	if err == nil && both {
+		conn.SetLinger(-1) // both directions ended in order: say goodbye
 	}
 	closeErr := conn.Close()
 	switch {
