@@ -711,7 +711,6 @@ func TestRdmanetSetLingerZeroResets(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, syscall.ECONNRESET, "read %d of %d bytes", len(got), len(data))
-			require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
 			t.Logf("read %d of %d bytes, then: %v", len(got), len(data), err)
 		})
 	}
