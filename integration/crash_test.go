@@ -47,6 +47,8 @@ func runHelper(role string) int {
 		err = helperServer(ctx, args[0])
 	case "rdmanet-writer":
 		err = helperRdmanetWriter(ctx, args[0])
+	case "rdmanet-lean-server":
+		err = helperLeanHTTPServer(ctx, args[0])
 	default:
 		err = fmt.Errorf("unknown helper role %q", role)
 	}

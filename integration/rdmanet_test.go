@@ -68,21 +68,13 @@ func TestRdmanetConformance(t *testing.T) {
 // TestRdmanetHTTP: net/http unchanged over rdmanet: a server on an rdmanet
 // Listener, clients whose Transport dials with rdmanet.Dialer and keeps
 // connections alive, each request a 1 MiB body the handler echoes back,
-// checked byte for byte: 32 clients at once (8 where the device allows few
-// queues per process: this process holds both sides of every connection).
+// checked byte for byte: 32 clients at once.
 func TestRdmanetHTTP(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
 	require.NoError(t, err)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		w.Write(body)
-	})}
+	srv := &http.Server{Handler: http.HandlerFunc(httpEcho)}
 	var conns atomic.Int64
 	srv.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
@@ -128,6 +120,78 @@ func TestRdmanetHTTP(t *testing.T) {
 	require.Equal(t, int64(clients), conns.Load(), "one connection per client, kept alive")
 	require.NoError(t, srv.Shutdown(ctx))
 	require.ErrorIs(t, <-served, http.ErrServerClosed)
+}
+
+// httpEcho answers a request with its body.
+func httpEcho(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Write(body)
+}
+
+// The buffers of leanServerOptions: 8 of 4 KiB of payload each way.
+const (
+	leanBufferSize = msg.HeaderSize + 4096
+	leanRecvDepth  = 8
+)
+
+// leanServerOptions is the Listener options of a server that holds many
+// connections and bounds the memory each pins.
+func leanServerOptions() rdmanet.Option {
+	return rdmanet.WithMsgOptions(msg.WithBufferSize(leanBufferSize), msg.WithRecvDepth(leanRecvDepth))
+}
+
+// helperLeanHTTPServer serves httpEcho over rdmanet with
+// leanServerOptions until it is killed.
+func helperLeanHTTPServer(ctx context.Context, addr string) error {
+	l, err := rdmanet.Listen(ctx, addr, leanServerOptions())
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	return http.Serve(l, http.HandlerFunc(httpEcho))
+}
+
+// TestRdmanetServerBoundsItsMemory: a net/http server process whose
+// Listener asks for small buffers (leanServerOptions) serves clients that
+// use rdmanet's defaults, 64 KiB buffers, 32 of them. Each client's
+// 256 KiB body comes back whole; then, with every connection kept alive
+// and idle, the kernel's table of memory regions (`rdma res show mr`)
+// holds for the server process two regions a connection (its receives and
+// its sends), of at most 8 buffers of 4 KiB and their headers each: its
+// memory is its own choice, whatever its clients use.
+func TestRdmanetServerBoundsItsMemory(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	addr := net.JoinHostPort(rxetest.Addr(t), fmt.Sprint(21000+(os.Getpid()+7)%10000))
+	server := startHelper(t, "rdmanet-lean-server", "listening", addr)
+
+	const clients = 8
+	body := make([]byte, 256<<10)
+	for i := range clients {
+		tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext}
+		t.Cleanup(tr.CloseIdleConnections)
+		pattern(body, i)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/echo", bytes.NewReader(body))
+		require.NoError(t, err)
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		require.NoError(t, err, "client %d", i)
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err, "client %d", i)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "client %d", i)
+		require.True(t, bytes.Equal(body, got), "client %d: %d bytes back", i, len(got))
+	}
+
+	regions, registered := rxetest.Registered(t, server.Process.Pid)
+	pageSize := os.Getpagesize()
+	pool := (leanRecvDepth*leanBufferSize + pageSize - 1) / pageSize * pageSize
+	t.Logf("the server process holds %d regions, %d bytes, for %d connections", regions, registered, clients)
+	require.Equal(t, 2*clients, regions, "a receive pool and a send pool a connection")
+	require.LessOrEqual(t, registered, int64(2*clients*pool), "at most %d bytes a pool", pool)
 }
 
 // TestRdmanetHTTPShutdownWaitsForRequests: net/http's graceful shutdown

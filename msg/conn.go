@@ -102,7 +102,7 @@ type Conn struct {
 	recvPool  *bufpool.Pool
 	sendPool  *bufpool.Pool
 	out       outbox // sends waiting for a doorbell
-	maxInline int    // payload bytes that fit the peer's buffers
+	maxInline int    // payload bytes that fit both sides' buffers
 	grantAt   int    // toGrant that triggers a credit message
 	holdAt    int    // credits at or below which the open stream message is held (holdAt)
 
@@ -227,12 +227,16 @@ type probeToken struct{ posted time.Time }
 
 // newConn makes the Conn of ep, whose completions b takes.
 func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool, peer hello, dialer bool) (*Conn, error) {
-	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(peer.bufSize), bufpool.Count(o.recvDepth))
+	// A message fits the peer's receive buffers and this side's own size,
+	// so that what a connection pins is this side's choice (recvDepth
+	// buffers of bufSize each way) whatever the peer announced.
+	sendSize := min(o.bufSize, peer.bufSize)
+	sendPool, err := bufpool.New(ep.PD(), bufpool.Size(sendSize), bufpool.Count(o.recvDepth))
 	if err != nil {
 		return nil, err
 	}
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
-		maxInline: peer.bufSize - HeaderSize, grantAt: o.recvDepth / 2,
+		maxInline: sendSize - HeaderSize, grantAt: o.recvDepth / 2,
 		holdAt:  holdAt(peer),
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvCache),
@@ -641,8 +645,8 @@ func (c *Conn) Err() error {
 	return c.err
 }
 
-// MaxInline is the largest payload sent in one message; larger ones go by
-// rendezvous.
+// MaxInline is the largest payload sent in one message, what fits both
+// this side's buffer size and the peer's; larger ones go by rendezvous.
 func (c *Conn) MaxInline() int {
 	if !c.made() {
 		return 0

@@ -102,8 +102,14 @@ func (o options) hello() hello {
 // are kept for the protocol's own (credits, confirmations, keepalives).
 func WithRecvDepth(n int) Option { return func(o *options) { o.recvDepth = n } }
 
-// WithBufferSize sets the size of each receive buffer (default 4096). A
-// message whose payload does not fit the peer's buffers goes by rendezvous.
+// WithBufferSize sets the size of each receive buffer, and the most a send
+// buffer holds (default 4096). A message whose payload does not fit this
+// side's buffers or the peer's goes by rendezvous.
+//
+// A connection pins WithRecvDepth's count of buffers of this size for its
+// receives and at most as many for its sends, whatever the peer uses
+// (rendezvous regions aside: WithRendezvousCache), so a server of many
+// connections bounds its memory with these two options on its Listener.
 func WithBufferSize(n int) Option { return func(o *options) { o.bufSize = n } }
 
 // WithCMOptions passes connection options to cm.Dial and cm.Listen

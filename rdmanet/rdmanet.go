@@ -17,6 +17,14 @@
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
 // net.Error's Timeout() hold; a deadline moved into the future lets calls
 // work again.
+//
+// Each Conn pins 4 MiB of registered memory: 32 receive buffers of 64 KiB,
+// and as many for its sends. A server that holds many connections
+// (net/http's kept-alive ones, say) lowers that on its Listener with
+// WithMsgOptions(msg.WithBufferSize(n), msg.WithRecvDepth(d)): each of its
+// Conns then pins d buffers of n bytes each way, whatever its clients use,
+// and its writes, and its clients' writes to it, travel in messages of at
+// most n - msg.HeaderSize bytes.
 package rdmanet
 
 import (
@@ -246,7 +254,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		return 0, c.closedError("write")
 	}
 	written := 0
-	most := min(chunk, c.c.MaxInline()) // the peer's buffers may be smaller than this side's
+	most := min(chunk, c.c.MaxInline()) // either side's buffers may be smaller than chunk
 	for written < len(p) {
 		n := min(len(p)-written, most)
 		ctx, err := c.begin(&c.writeDeadline, "write")

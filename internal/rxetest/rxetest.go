@@ -9,6 +9,7 @@ package rxetest
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -158,6 +159,34 @@ func (r Resources) String() string {
 		fmt.Fprintf(&b, "%s %d ", k, r[k])
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// Registered is what the test device's table of memory regions (`rdma
+// res show mr`) holds for process pid: how many regions, and their bytes.
+// The kernel names a region's owner by the thread that registered it,
+// which in a Go program need not be the first, so every thread of pid
+// counts.
+func Registered(t testing.TB, pid int) (regions int, bytes int64) {
+	t.Helper()
+	out, err := exec.Command("rdma", "-j", "res", "show", "mr").Output()
+	if err != nil {
+		t.Fatalf("rdma res show mr: %v", err)
+	}
+	var mrs []struct {
+		Dev string `json:"ifname"`
+		Len int64  `json:"mrlen"`
+		PID int    `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &mrs); err != nil {
+		t.Fatalf("rdma res show mr: %v: %s", err, out)
+	}
+	for _, mr := range mrs {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, mr.PID)); err == nil && mr.Dev == Device() {
+			regions++
+			bytes += mr.Len
+		}
+	}
+	return regions, bytes
 }
 
 // CheckResources records the device's resource counts now and, when the
