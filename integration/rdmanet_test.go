@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/rpc"
@@ -744,8 +745,7 @@ func TestRdmanetCallsAfterClose(t *testing.T) {
 // connection, as a TCP conn's does: the peer, reading what arrived of a
 // write, gets an error matching syscall.ECONNRESET, never io.EOF, and so
 // cannot take a stream cut short for a whole one. SetLinger(-1) puts the
-// goodbye back (the peer reads every byte, then io.EOF), and a bound on
-// the goodbye (sec > 0) is refused as unsupported.
+// goodbye back (the peer reads every byte, then io.EOF).
 func TestRdmanetSetLingerZeroResets(t *testing.T) {
 	rxetest.CheckResources(t)
 	for _, linger := range []int{0, -1} {
@@ -754,10 +754,7 @@ func TestRdmanetSetLingerZeroResets(t *testing.T) {
 			require.NoError(t, err)
 			defer stop()
 			conn := c1.(*rdmanet.Conn)
-			err = conn.SetLinger(5)
-			require.ErrorIs(t, err, errors.ErrUnsupported)
-			var opErr *net.OpError
-			require.ErrorAs(t, err, &opErr)
+			require.NoError(t, conn.SetLinger(5))
 			require.NoError(t, conn.SetLinger(0))
 			require.NoError(t, conn.SetLinger(linger), "the last value set counts")
 			data := make([]byte, 64<<10)
@@ -776,6 +773,55 @@ func TestRdmanetSetLingerZeroResets(t *testing.T) {
 			}
 			require.ErrorIs(t, err, syscall.ECONNRESET, "read %d of %d bytes", len(got), len(data))
 			t.Logf("read %d of %d bytes, then: %v", len(got), len(data), err)
+		})
+	}
+}
+
+// TestRdmanetSetLingerWaitsForASlowReader: Close of a Conn whose peer
+// reads slowly, with bytes held for the peer's credits (a Write ran out
+// of its deadline waiting for them), and the peer reading only after 2 s.
+// After SetLinger(5), Close waits for the held bytes to leave and says
+// goodbye: the peer reads every byte written, then io.EOF; so too after
+// SetLinger(math.MaxInt), a linger longer than a time.Duration holds. With
+// the default linger, Close waits a second: the held bytes are dropped and
+// the peer reads what arrived, then an error matching syscall.ECONNRESET.
+func TestRdmanetSetLingerWaitsForASlowReader(t *testing.T) {
+	rxetest.CheckResources(t)
+	for _, linger := range []int{5, math.MaxInt, -1} {
+		t.Run(fmt.Sprintf("linger_%d", linger), func(t *testing.T) {
+			c1, c2, stop, err := rdmanetPair(t)
+			require.NoError(t, err)
+			defer stop()
+			data := make([]byte, 4<<20)
+			pattern(data, 9)
+			require.NoError(t, c1.SetWriteDeadline(time.Now().Add(500*time.Millisecond)))
+			n, err := c1.Write(data)
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the peer's receives are all taken")
+			require.NoError(t, c1.(*rdmanet.Conn).SetLinger(linger))
+
+			type result struct {
+				got []byte
+				err error
+			}
+			read := make(chan result, 1)
+			go func() {
+				time.Sleep(2 * time.Second)
+				c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+				got, err := io.ReadAll(c2)
+				read <- result{got, err}
+			}()
+			start := time.Now()
+			require.NoError(t, c1.Close())
+			t.Logf("%d bytes written, Close took %v", n, time.Since(start).Round(time.Millisecond))
+			r := <-read
+			require.True(t, bytes.Equal(data[:len(r.got)], r.got), "the bytes read are not the ones written")
+			if linger > 0 {
+				require.NoError(t, r.err)
+				require.Equal(t, n, len(r.got), "every byte written, then io.EOF")
+				return
+			}
+			require.ErrorIs(t, r.err, syscall.ECONNRESET, "read %d of %d bytes", len(r.got), n)
+			require.Less(t, len(r.got), n, "the held bytes were dropped")
 		})
 	}
 }

@@ -47,6 +47,9 @@ func init() {
 	seam.FillStream = func(c any, ctx context.Context, fill func(p []byte) int) error {
 		return c.(*Conn).fillStream(ctx, fill)
 	}
+	seam.FlushStream = func(c any, ctx context.Context) error {
+		return c.(*Conn).flushStream(ctx)
+	}
 	seam.ReadStream = func(c any, ctx context.Context, m any) error {
 		return c.(*Conn).recvInto(ctx, m.(*Message))
 	}

@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -109,8 +110,10 @@ type Conn struct {
 	// connection (a Read or Write of nothing, the deadline setters) look
 	// at it, to fail after Close as net's conns do.
 	shut atomic.Bool
-	// reset: SetLinger(0) was called, so Close resets (msg's Abort).
-	reset atomic.Bool
+	// linger is SetLinger's sec: negative, the default, says goodbye
+	// within msg's bound; 0 resets (msg's Abort); more waits that many
+	// seconds for the bytes held to leave.
+	linger atomic.Int64
 }
 
 var (
@@ -132,6 +135,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 
 func newConn(c *msg.Conn) *Conn {
 	conn := &Conn{c: c}
+	conn.linger.Store(-1)
 	conn.readDeadline.init()
 	conn.writeDeadline.init()
 	return conn
@@ -326,8 +330,17 @@ func (c *Conn) Close() error {
 	}
 	c.shut.Store(true)
 	closeMsg := c.c.Close
-	if c.reset.Load() {
+	switch linger := c.linger.Load(); {
+	case linger == 0:
 		closeMsg = c.c.Abort
+	case linger > 0:
+		// The bytes held for the peer's credits leave first, within the
+		// linger; if it runs out, they are dropped, as TCP drops them.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(linger)*time.Second)
+		if seam.FlushStream(c.c, ctx) != nil {
+			closeMsg = c.c.Abort
+		}
+		cancel()
 	}
 	err := closeMsg() // a blocked Read returns, and leaves bufMu
 	c.readDeadline.stop()
@@ -347,15 +360,16 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// SetLinger sets how Close ends the connection, as *net.TCPConn's does
-// for the values it shares. With sec < 0, the default, Close says goodbye
-// after what was written: the peer reads it all, then io.EOF. With sec ==
-// 0, Close drops what is not yet sent and resets the connection: the
-// peer's calls fail with an error matching syscall.ECONNRESET, never
-// io.EOF, so that a peer reading a stream this side cut short (its source
-// failed) cannot take it for the whole one. sec > 0 is refused with an
-// error matching errors.ErrUnsupported: Close's goodbye has a bound of its
-// own, which this does not set.
+// SetLinger sets how Close ends the connection, as *net.TCPConn's does.
+// Close says goodbye after what was written, so that the peer reads it
+// all, then io.EOF; the bytes that wait for the peer to free receives
+// (it reads slowly) must leave first. With sec < 0, the default, Close
+// waits at most a second for them; with sec > 0, at most sec seconds.
+// If they have not left by then, or with sec == 0 at once, Close drops
+// what is not yet sent and resets the connection: the peer's calls fail
+// with an error matching syscall.ECONNRESET, never io.EOF, so that a peer
+// reading a stream this side cut short (its source failed) cannot take
+// it for the whole one.
 func (c *Conn) SetLinger(sec int) error {
 	if !c.ok() {
 		return syscall.EINVAL
@@ -363,13 +377,12 @@ func (c *Conn) SetLinger(sec int) error {
 	if err := c.closedError("set"); err != nil {
 		return err
 	}
-	if sec > 0 {
-		return &net.OpError{Op: "set", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(),
-			Err: fmt.Errorf("rdmanet: SetLinger(%d): only 0 (reset) or a negative value (goodbye): %w", sec, errors.ErrUnsupported)}
-	}
-	c.reset.Store(sec == 0)
+	c.linger.Store(min(int64(sec), maxLinger))
 	return nil
 }
+
+// maxLinger is the longest linger, in seconds, that a time.Duration holds.
+const maxLinger = int64(math.MaxInt64 / time.Second)
 
 // CloseWrite shuts down the writing side, as *net.TCPConn's does: the peer
 // reads every byte written before it, then io.EOF, while this side reads on.

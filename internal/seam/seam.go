@@ -189,6 +189,9 @@ var (
 	// meanwhile, and its bytes are then dropped. Callers serialize it
 	// with their writes.
 	FillStream func(c any, ctx context.Context, fill func(p []byte) int) error
+	// FlushStream waits until the bytes the *msg.Conn's stream holds for
+	// the peer's credits have left, ctx ends or the connection does.
+	FlushStream func(c any, ctx context.Context) error
 	// ReadStream is the *msg.Conn's RecvMessage into m, a *msg.Message
 	// the caller reuses for each message once it has released the last:
 	// a reader that holds one message at a time allocates none.
