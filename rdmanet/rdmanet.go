@@ -243,13 +243,15 @@ func (c *Conn) fill() error {
 	return nil
 }
 
-// Write writes p to the stream, in messages of up to 64 KiB. It returns
+// Write writes p to the stream, in messages of up to 64 KiB (less where
+// either side asked for smaller buffers: WithMsgOptions). It returns
 // once every byte is posted, or held to go with the peer's next credits:
 // while the reader keeps up, each Write leaves at once; when it is behind
 // (half the peer's receives or more hold messages it has not read), Writes
 // are combined into one message, up to 64 KiB, which leaves as soon as the
 // peer gives receives back, and only a Write that finds that message full
-// waits. Close sends what is held before it closes.
+// waits. Close sends what is held before it closes, within its linger
+// (SetLinger).
 func (c *Conn) Write(p []byte) (int, error) {
 	if !c.ok() {
 		return 0, syscall.EINVAL
@@ -322,8 +324,9 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 var errInvalidRead = errors.New("rdmanet: the reader returned an invalid count")
 
 // Close closes the connection: the peer reads what was written, then
-// io.EOF. Blocked Reads and Writes return an error matching net.ErrClosed,
-// as do every later call but Close. Idempotent.
+// io.EOF (SetLinger says how long Close waits for a slow reader, and how
+// to reset instead). Blocked Reads and Writes return an error matching
+// net.ErrClosed, as do every later call but Close. Idempotent.
 func (c *Conn) Close() error {
 	if !c.ok() {
 		return syscall.EINVAL
