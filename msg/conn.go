@@ -738,8 +738,8 @@ func (c *Conn) fail(err error) {
 // everything is freed once messages already handed out are released. It
 // first says goodbye and lets the messages sent so far leave, so that the
 // peer reads them all and then io.EOF. The goodbye goes on a credit that
-// messages of data never take (dataReserve), so a peer whose application
-// holds every message it was sent still gets it. Bytes the stream holds back
+// messages of data never take, so a peer whose application holds every
+// message it was sent still gets it. Bytes the stream holds back
 // (rdmanet's writes) go before it and need a credit of data: Close waits at
 // most a second for one, and if the peer holds every message that long, it
 // sees an error instead. Idempotent: every call returns the first one's
