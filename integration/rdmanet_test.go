@@ -28,10 +28,12 @@ import (
 	"github.com/go-rdma/rdmacm/rdmanet"
 )
 
-// rdmanetPair is a connected pair of rdmanet conns on the device.
-func rdmanetPair(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
+// rdmanetPair is a connected pair of rdmanet conns on the device: c1
+// dialed, with rdmanet's defaults, and c2 accepted by a Listener made with
+// listenOpts.
+func rdmanetPair(t testing.TB, listenOpts ...rdmanet.Option) (c1, c2 net.Conn, stop func(), err error) {
 	ctx := context.Background()
-	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), listenOpts...)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -60,10 +62,41 @@ func rdmanetPair(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
 }
 
 // TestRdmanetConformance runs the Go team's net.Conn conformance suite
-// (golang.org/x/net/nettest) on rdmanet conns.
+// (golang.org/x/net/nettest) on rdmanet conns: with rdmanet's defaults,
+// and with a Listener that asks for small buffers (leanServerOptions),
+// while the dialer keeps its 64 KiB ones. Each way, a 64 KiB Write of such
+// a pair then goes as 16 messages or more, of at most 4 KiB.
 func TestRdmanetConformance(t *testing.T) {
 	rxetest.CheckResources(t)
-	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return rdmanetPair(t) })
+	t.Run("defaults", func(t *testing.T) {
+		nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return rdmanetPair(t) })
+	})
+	t.Run("lean_listener", func(t *testing.T) {
+		nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return rdmanetPair(t, leanServerOptions()) })
+
+		c1, c2, stop, err := rdmanetPair(t, leanServerOptions())
+		require.NoError(t, err)
+		defer stop()
+		data := make([]byte, 64<<10)
+		for i, dir := range [][2]net.Conn{{c1, c2}, {c2, c1}} {
+			w, r := dir[0], dir[1]
+			pattern(data, i)
+			before := w.(*rdmanet.Conn).Stats()
+			written := make(chan error, 1)
+			go func() {
+				_, err := w.Write(data)
+				written <- err
+			}()
+			got := make([]byte, len(data))
+			_, err := io.ReadFull(r, got)
+			require.NoError(t, err)
+			require.NoError(t, <-written)
+			require.True(t, bytes.Equal(data, got), "direction %d", i)
+			after := w.(*rdmanet.Conn).Stats()
+			sent := (after.MessagesSent - after.CreditMessagesSent) - (before.MessagesSent - before.CreditMessagesSent)
+			require.GreaterOrEqual(t, sent, uint64(len(data)/(leanBufferSize-msg.HeaderSize)), "direction %d: messages of data", i)
+		}
+	})
 }
 
 // TestRdmanetHTTP: net/http unchanged over rdmanet: a server on an rdmanet
