@@ -859,6 +859,71 @@ func TestRdmanetSetLingerWaitsForASlowReader(t *testing.T) {
 	}
 }
 
+// TestRdmanetSetLingerCloseWithAWriteWaiting: Close after SetLinger(2)
+// while another goroutine's 4 MiB Write waits for the peer's credits.
+// With the peer reading after 1 s, Close lets the Write go on until the
+// stream holds nothing, says goodbye and returns nil; the Write then
+// fails with net.ErrClosed (or, where it won the race for each credit,
+// it completed), and the peer reads exactly the bytes the Write counted,
+// then io.EOF. With the peer reading only after Close, the linger runs
+// out: Close resets, the Write fails with net.ErrClosed, and the peer
+// reads part of what the Write counted, then ECONNRESET.
+func TestRdmanetSetLingerCloseWithAWriteWaiting(t *testing.T) {
+	rxetest.CheckResources(t)
+	for _, name := range []string{"peer_reads", "peer_waits"} {
+		t.Run(name, func(t *testing.T) {
+			c1, c2, stop, err := rdmanetPair(t)
+			require.NoError(t, err)
+			defer stop()
+			require.NoError(t, c1.(*rdmanet.Conn).SetLinger(2))
+			data := make([]byte, 4<<20)
+			pattern(data, 3)
+			type result struct {
+				n   int
+				err error
+			}
+			wrote := make(chan result, 1)
+			go func() {
+				n, err := c1.Write(data)
+				wrote <- result{n, err}
+			}()
+			closed := make(chan struct{})
+			read := make(chan []byte, 1)
+			readErr := make(chan error, 1)
+			go func() {
+				if name == "peer_reads" {
+					time.Sleep(time.Second)
+				} else {
+					<-closed
+				}
+				c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+				got, err := io.ReadAll(c2)
+				read <- got
+				readErr <- err
+			}()
+			time.Sleep(300 * time.Millisecond) // the Write fills the peer's receives and waits
+			require.NoError(t, c1.Close())
+			close(closed)
+			w := <-wrote
+			if w.err != nil || name == "peer_waits" {
+				require.ErrorIs(t, w.err, net.ErrClosed, "the Write after %d bytes", w.n)
+			} else {
+				require.Equal(t, len(data), w.n, "a Write that returned nil")
+			}
+			got := <-read
+			require.True(t, bytes.Equal(data[:len(got)], got), "the bytes read are not the ones written")
+			if name == "peer_reads" {
+				t.Logf("the Write counted %d bytes: %v", w.n, w.err)
+				require.NoError(t, <-readErr)
+				require.Equal(t, w.n, len(got), "the bytes the Write counted, then io.EOF")
+				return
+			}
+			require.ErrorIs(t, <-readErr, syscall.ECONNRESET, "read %d of the %d bytes written", len(got), w.n)
+			require.Less(t, len(got), w.n)
+		})
+	}
+}
+
 // Arith is the net/rpc service of TestRdmanetNetRPC.
 type Arith struct{}
 
