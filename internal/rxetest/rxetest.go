@@ -161,11 +161,18 @@ func (r Resources) String() string {
 	return strings.TrimSpace(b.String())
 }
 
+// OwnedBy says that the owner the kernel's resource tables (`rdma res
+// show`) name, tid, is a thread of process pid. The kernel names a
+// resource's owner by the thread that made it, which in a Go program need
+// not be the first.
+func OwnedBy(pid, tid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, tid))
+	return err == nil
+}
+
 // Registered is what the test device's table of memory regions (`rdma
-// res show mr`) holds for process pid: how many regions, and their bytes.
-// The kernel names a region's owner by the thread that registered it,
-// which in a Go program need not be the first, so every thread of pid
-// counts.
+// res show mr`) holds for process pid, every thread of it (OwnedBy): how
+// many regions, and their bytes.
 func Registered(t testing.TB, pid int) (regions int, bytes int64) {
 	t.Helper()
 	out, err := exec.Command("rdma", "-j", "res", "show", "mr").Output()
@@ -181,7 +188,7 @@ func Registered(t testing.TB, pid int) (regions int, bytes int64) {
 		t.Fatalf("rdma res show mr: %v: %s", err, out)
 	}
 	for _, mr := range mrs {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", pid, mr.PID)); err == nil && mr.Dev == Device() {
+		if mr.Dev == Device() && OwnedBy(pid, mr.PID) {
 			regions++
 			bytes += mr.Len
 		}

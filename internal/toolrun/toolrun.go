@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-rdma/rdmacm/internal/rxetest"
 )
 
 const argsEnv = "RDMACM_TOOLRUN_ARGS"
@@ -131,7 +132,7 @@ func (p *Proc) WaitListening(d time.Duration) bool {
 		}
 		if err == nil && json.Unmarshal(out, &ids) == nil {
 			for _, id := range ids {
-				if id.State == "LISTEN" && p.hasThread(id.PID) {
+				if id.State == "LISTEN" && rxetest.OwnedBy(p.cmd.Process.Pid, id.PID) {
 					return true
 				}
 			}
@@ -139,14 +140,6 @@ func (p *Proc) WaitListening(d time.Duration) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
-}
-
-// hasThread: tid is one of the program's threads. The kernel names the
-// owner of a CM id by the thread that made it, which in a Go program need
-// not be its first.
-func (p *Proc) hasThread(tid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", p.cmd.Process.Pid, tid))
-	return err == nil
 }
 
 // RequireRefused runs this example's main once for each flag and value of
