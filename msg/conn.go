@@ -744,7 +744,7 @@ func (c *Conn) fail(err error) {
 // most a second for one, and if the peer holds every message that long, it
 // sees an error instead. Idempotent: every call returns the first one's
 // result.
-func (c *Conn) Close() error { return c.close(true) }
+func (c *Conn) Close() error { return c.close(goodbyeTimeout) }
 
 // Abort ends the connection as Close does, but without the goodbye: what
 // is not yet sent (the stream's held bytes too) is dropped, and the peer's
@@ -753,16 +753,17 @@ func (c *Conn) Close() error { return c.close(true) }
 // sent is cut short, so that the peer cannot take it for the whole. Close
 // and Abort are idempotent together: the first call decides, and every
 // call returns its result.
-func (c *Conn) Abort() error { return c.close(false) }
+func (c *Conn) Abort() error { return c.close(0) }
 
-// close is Close, with the goodbye (goodbye) or without (Abort).
-func (c *Conn) close(goodbye bool) error {
+// close is Close with a goodbye that may take up to within, or Abort's
+// without one when within <= 0.
+func (c *Conn) close(within time.Duration) error {
 	if !c.made() {
 		return errConnNotMade
 	}
 	c.closeOnce.Do(func() {
-		if goodbye {
-			c.sayGoodbye()
+		if within > 0 {
+			c.sayGoodbye(within)
 		} else {
 			c.mu.Lock()
 			c.closing = true // sends that start now fail with ErrClosed
@@ -812,12 +813,12 @@ func (c *Conn) close(goodbye bool) error {
 }
 
 // sayGoodbye sends the TypeClose message and waits for every message posted
-// so far to leave, all within goodbyeTimeout: without a credit and a buffer
-// by then (held stream bytes wait for a credit of data, and the peer holds
-// every message it was sent), it gives up. Sends that start afterwards fail
-// with ErrClosed.
-func (c *Conn) sayGoodbye() {
-	ctx, cancel := context.WithTimeout(context.Background(), goodbyeTimeout)
+// so far to leave, all within within: without a credit and a buffer by then
+// (held stream bytes wait for a credit of data, and the peer holds every
+// message it was sent), it gives up. Sends that start afterwards fail with
+// ErrClosed.
+func (c *Conn) sayGoodbye(within time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	c.mu.Lock()
 	c.closing = true

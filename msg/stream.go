@@ -3,6 +3,7 @@ package msg
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
@@ -47,8 +48,8 @@ func init() {
 	seam.FillStream = func(c any, ctx context.Context, fill func(p []byte) int) error {
 		return c.(*Conn).fillStream(ctx, fill)
 	}
-	seam.FlushStream = func(c any, ctx context.Context) error {
-		return c.(*Conn).flushStream(ctx)
+	seam.CloseWithin = func(c any, d time.Duration) error {
+		return c.(*Conn).close(d)
 	}
 	seam.ReadStream = func(c any, ctx context.Context, m any) error {
 		return c.(*Conn).recvInto(ctx, m.(*Message))

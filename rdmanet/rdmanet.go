@@ -332,20 +332,19 @@ func (c *Conn) Close() error {
 		return syscall.EINVAL
 	}
 	c.shut.Store(true)
-	closeMsg := c.c.Close
+	var err error
 	switch linger := c.linger.Load(); {
 	case linger == 0:
-		closeMsg = c.c.Abort
+		err = c.c.Abort()
 	case linger > 0:
-		// The bytes held for the peer's credits leave first, within the
-		// linger; if it runs out, they are dropped, as TCP drops them.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(linger)*time.Second)
-		if seam.FlushStream(c.c, ctx) != nil {
-			closeMsg = c.c.Abort
-		}
-		cancel()
+		// The bytes held for the peer's credits and the goodbye leave
+		// within the linger; if it runs out, they are dropped, as TCP
+		// drops them.
+		err = seam.CloseWithin(c.c, time.Duration(linger)*time.Second)
+	default:
+		err = c.c.Close()
 	}
-	err := closeMsg() // a blocked Read returns, and leaves bufMu
+	// A blocked Read has returned, and left bufMu.
 	c.readDeadline.stop()
 	c.writeDeadline.stop()
 	// The message Read was taking bytes from holds registered memory;
@@ -367,12 +366,12 @@ func (c *Conn) Close() error {
 // Close says goodbye after what was written, so that the peer reads it
 // all, then io.EOF; the bytes that wait for the peer to free receives
 // (it reads slowly) must leave first. With sec < 0, the default, Close
-// waits at most a second for them; with sec > 0, at most sec seconds.
-// If they have not left by then, or with sec == 0 at once, Close drops
-// what is not yet sent and resets the connection: the peer's calls fail
-// with an error matching syscall.ECONNRESET, never io.EOF, so that a peer
-// reading a stream this side cut short (its source failed) cannot take
-// it for the whole one.
+// waits at most a second for them and the goodbye; with sec > 0, at most
+// sec seconds. If they have not left by then, or with sec == 0 at once,
+// Close drops what is not yet sent and resets the connection: the peer's
+// calls fail with an error matching syscall.ECONNRESET, never io.EOF, so
+// that a peer reading a stream this side cut short (its source failed)
+// cannot take it for the whole one.
 func (c *Conn) SetLinger(sec int) error {
 	if !c.ok() {
 		return syscall.EINVAL

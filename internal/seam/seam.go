@@ -189,9 +189,11 @@ var (
 	// meanwhile, and its bytes are then dropped. Callers serialize it
 	// with their writes.
 	FillStream func(c any, ctx context.Context, fill func(p []byte) int) error
-	// FlushStream waits until the bytes the *msg.Conn's stream holds for
-	// the peer's credits have left, ctx ends or the connection does.
-	FlushStream func(c any, ctx context.Context) error
+	// CloseWithin is the *msg.Conn's Close with a goodbye bounded by d
+	// instead of a second: the bytes the stream holds for the peer's
+	// credits, the goodbye and the messages before it must leave within
+	// d, or they are dropped as Close drops them after its second. d > 0.
+	CloseWithin func(c any, d time.Duration) error
 	// ReadStream is the *msg.Conn's RecvMessage into m, a *msg.Message
 	// the caller reuses for each message once it has released the last:
 	// a reader that holds one message at a time allocates none.
