@@ -57,12 +57,12 @@ func unevenMsgPair(t testing.TB, ctx context.Context, listenOpts, dialOpts []msg
 	return client, server, l
 }
 
-// listenMsg listens for msg connections on the device and accepts n of
-// them in the background, each onto the channel, which is closed after
-// the n-th or the first error. The listener closes at cleanup.
-func listenMsg(t *testing.T, ctx context.Context, n int) (*msg.Listener, <-chan *msg.Conn) {
+// listenMsg listens for msg connections on the device, with opts, and
+// accepts n of them in the background, each onto the channel, which is
+// closed after the n-th or the first error. The listener closes at cleanup.
+func listenMsg(t *testing.T, ctx context.Context, n int, opts ...msg.Option) (*msg.Listener, <-chan *msg.Conn) {
 	t.Helper()
-	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { l.Close() })
 	accepted := make(chan *msg.Conn, n)

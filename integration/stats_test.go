@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -140,6 +141,61 @@ func TestRendezvousRegionsAreReused(t *testing.T) {
 			require.Equal(t, uint64(len(sizes)), cs.RegionCacheHits+cs.RegionCacheMisses)
 		})
 	}
+}
+
+// TestRendezvousCacheIsAListenersBudget: the connections a Listener
+// accepts keep their rendezvous regions within one bound together
+// (WithRendezvousCache on the Listener), not one each. With room for two
+// 1 MiB regions and three connections, the third connection's region makes
+// room by closing the one kept longest, another connection's, which that
+// connection then maps anew; the one given back last is reused. Once the
+// messages are done, the process holds the bound's bytes more than before
+// them (the clients keep none).
+func TestRendezvousCacheIsAListenersBudget(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const region, conns = 1 << 20, 3
+	l, accepted := listenMsg(t, ctx, conns, msg.WithRendezvousCache(2*region))
+	var clients, servers [conns]*msg.Conn
+	for i := range conns {
+		c, err := msg.Dial(ctx, l.Addr().String(), msg.WithRendezvousCache(0))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		s, ok := <-accepted
+		require.True(t, ok, "accept %d", i)
+		t.Cleanup(func() { s.Close() })
+		clients[i], servers[i] = c, s
+	}
+	_, before := rxetest.Registered(t, os.Getpid())
+
+	for turn, i := range []int{0, 1, 2, 0, 2} {
+		want := bytes.Repeat([]byte{byte(turn + 1)}, region)
+		sent := make(chan error, 1)
+		go func() { sent <- clients[i].Send(ctx, want) }()
+		got, err := servers[i].Recv(ctx)
+		require.NoError(t, err)
+		require.NoError(t, <-sent)
+		require.True(t, bytes.Equal(want, got), "message %d intact", turn)
+	}
+	for i, want := range []struct{ hits, misses uint64 }{
+		{0, 2}, // its region made room for the third connection's
+		{0, 1}, // its region made room when the first one's came back
+		{1, 1}, // its region was the last given back
+	} {
+		st := servers[i].Stats()
+		require.Equal(t, want.hits, st.RegionCacheHits, "connection %d's hits", i)
+		require.Equal(t, want.misses, st.RegionCacheMisses, "connection %d's misses", i)
+	}
+	// A client closes its region once the server has read it, which may
+	// be after its Send returned.
+	var kept int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, registered := rxetest.Registered(t, os.Getpid())
+		if kept = registered - before; kept == 2*region || time.Now().After(deadline) {
+			break
+		}
+	}
+	require.EqualValues(t, 2*region, kept, "bytes registered beyond the connections' own")
 }
 
 // TestKeepaliveRoundTripIsMeasured: an idle connection's keepalives time

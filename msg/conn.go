@@ -239,7 +239,7 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 		maxInline: sendSize - HeaderSize, grantAt: o.recvDepth / 2,
 		holdAt:  holdAt(peer),
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
-		rv:    newRegionCache(ep.PD(), o.rvCache),
+		rv:    newRegionCache(ep.PD(), o.rvBudget),
 		inbox: make(chan arrival, o.recvDepth), eof: make(chan struct{}), done: make(chan struct{}),
 		oneSidedSlots: make(chan struct{}, maxOneSided), greet: dialer, mayTalk: dialer, dialer: dialer,
 		lastRecv: time.Now(), lastSend: time.Now(),

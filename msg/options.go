@@ -27,6 +27,9 @@ type options struct {
 	keepalive        time.Duration
 	keepaliveTimeout time.Duration
 	rvCache          int // bytes of rendezvous regions kept registered
+	// rvBudget holds rvCache bytes for the connections of one Dial or
+	// Listen together: newOptions makes it for the call.
+	rvBudget *regionBudget
 	// streamReader: the application reads the connections as byte
 	// streams (rdmanet; seam.StreamReader), which hello tells the peer.
 	streamReader bool
@@ -70,6 +73,7 @@ func newOptions(opts []Option) (options, error) {
 	if o.rvCache < 0 {
 		return o, invalid("rendezvous cache of %d bytes: at least 0", o.rvCache)
 	}
+	o.rvBudget = &regionBudget{limit: o.rvCache}
 	cfg, rnrRetrySet, err := seam.ConnOptions(o.cmOpts)
 	if err != nil {
 		return o, fmt.Errorf("msg: WithCMOptions: %w", err)
@@ -125,14 +129,17 @@ func WithCMOptions(opts ...cm.Option) Option {
 	return func(o *options) { o.cmOpts = append(o.cmOpts, opts...) }
 }
 
-// WithRendezvousCache sets how many bytes of rendezvous regions each
-// connection keeps registered between messages, each side for its own
-// (default 16 MiB; 0 keeps none). Mapping and registering a region for
-// each large message costs more than moving it; a kept region costs
-// pinned memory while the connection lives. Regions are sized in powers of
-// two from 64 KiB, so an 8 MiB message reuses one 8 MiB region. The
-// one-sided operations (WriteRemote, ReadRemote, the atomics) stage their
-// bytes in regions of the same cache.
+// WithRendezvousCache sets how many bytes of rendezvous regions are kept
+// registered between messages: by a dialed connection, or by all the
+// connections a Listener accepts together, each side for its own (default
+// 16 MiB; 0 keeps none). Mapping and registering a region for each large
+// message costs more than moving it; a kept region costs pinned memory
+// while its connection lives, and a Listener's connections give up the
+// regions kept longest, whichever connection's, to keep the bound, so a
+// server's idle regions stay within it however many connections it has.
+// Regions are sized in powers of two from 64 KiB, so an 8 MiB message
+// reuses one 8 MiB region. The one-sided operations (WriteRemote,
+// ReadRemote, the atomics) stage their bytes in regions of the same cache.
 func WithRendezvousCache(bytes int) Option { return func(o *options) { o.rvCache = bytes } }
 
 // WithLogger logs through l (silent by default): msg's own lines and its

@@ -1,6 +1,7 @@
 package msg
 
 import (
+	"container/list"
 	"math/bits"
 	"sync"
 
@@ -20,15 +21,15 @@ const minRegionClass = 64 << 10
 // memory bufpool mapped, never Go heap memory, and stays registered only
 // for this connection's own protection domain: the peer can reach a cached
 // region (send regions are readable with their rkey) but finds in it only
-// bytes it was sent before. At most limit bytes are kept; the rest is
-// closed when given back, and everything when the connection ends.
+// bytes it was sent before. The regions kept wait in the cache's budget,
+// which bounds them together with those of the caches that share it;
+// everything is closed when the connection ends.
 type regionCache struct {
-	pd    *bufpool.PD
-	limit int
+	pd     *bufpool.PD
+	budget *regionBudget
 
-	mu     sync.Mutex
-	free   map[regionKey][]*bufpool.Region
-	held   int // bytes in free
+	// Under budget.mu.
+	free   map[regionKey][]*list.Element // of budget.kept, most recent last
 	closed bool
 	hits   uint64
 	misses uint64
@@ -39,8 +40,28 @@ type regionKey struct {
 	access bufpool.Access
 }
 
-func newRegionCache(pd *bufpool.PD, limit int) *regionCache {
-	return &regionCache{pd: pd, limit: limit, free: map[regionKey][]*bufpool.Region{}}
+// regionBudget bounds the bytes of the regions that the caches sharing it
+// keep, together: those of one Dial's connection, or of every connection
+// one Listener accepts, so that a server of many connections pins at most
+// limit bytes of idle regions however many there are. When a region given
+// back would pass the bound, the regions kept longest, whichever
+// connection's, are closed to make room.
+type regionBudget struct {
+	limit int
+
+	mu   sync.Mutex
+	held int       // bytes in kept
+	kept list.List // of *keptRegion, the least recently given back first
+}
+
+type keptRegion struct {
+	cache  *regionCache
+	key    regionKey
+	region *bufpool.Region
+}
+
+func newRegionCache(pd *bufpool.PD, budget *regionBudget) *regionCache {
+	return &regionCache{pd: pd, budget: budget, free: map[regionKey][]*list.Element{}}
 }
 
 // regionClass is the size of the region that holds n bytes.
@@ -55,55 +76,89 @@ func regionClass(n int) int {
 // one, or a new one. A region larger than the cache keeps is made of n
 // bytes exactly: rounding it up to its class would only pin more memory.
 func (rc *regionCache) get(n int, access bufpool.Access) (*bufpool.Region, error) {
+	b := rc.budget
 	key := regionKey{regionClass(n), access}
-	if key.size > rc.limit {
+	if key.size > b.limit {
 		key.size = n
 	}
-	rc.mu.Lock()
-	if list := rc.free[key]; len(list) > 0 && !rc.closed {
-		r := list[len(list)-1]
-		rc.free[key] = list[:len(list)-1]
-		rc.held -= key.size
+	b.mu.Lock()
+	if free := rc.free[key]; len(free) > 0 && !rc.closed {
+		e := free[len(free)-1]
+		rc.free[key] = free[:len(free)-1]
+		b.kept.Remove(e)
+		b.held -= key.size
 		rc.hits++
-		rc.mu.Unlock()
-		return r, nil
+		b.mu.Unlock()
+		return e.Value.(*keptRegion).region, nil
 	}
 	rc.misses++
-	rc.mu.Unlock()
+	b.mu.Unlock()
 	return bufpool.NewRegion(rc.pd, key.size, access)
 }
 
 // put gives back a region from get that no work request uses any more.
 func (rc *regionCache) put(r *bufpool.Region, access bufpool.Access) {
+	b := rc.budget
 	key := regionKey{len(r.Bytes()), access}
-	rc.mu.Lock()
-	if rc.closed || rc.held+key.size > rc.limit {
-		rc.mu.Unlock()
+	b.mu.Lock()
+	if rc.closed || key.size > b.limit {
+		b.mu.Unlock()
 		r.Close()
 		return
 	}
-	rc.free[key] = append(rc.free[key], r)
-	rc.held += key.size
-	rc.mu.Unlock()
+	var evicted []*bufpool.Region
+	for b.held+key.size > b.limit {
+		e := b.kept.Front()
+		k := e.Value.(*keptRegion)
+		k.cache.forgetLocked(k.key, e)
+		evicted = append(evicted, k.region)
+	}
+	e := b.kept.PushBack(&keptRegion{cache: rc, key: key, region: r})
+	rc.free[key] = append(rc.free[key], e)
+	b.held += key.size
+	b.mu.Unlock()
+	for _, r := range evicted {
+		r.Close()
+	}
 }
 
-// close closes every cached region; regions given back later are closed
+// forgetLocked takes e, a region of rc's kept under key, out of rc and its
+// budget; the caller closes the region. budget.mu is held.
+func (rc *regionCache) forgetLocked(key regionKey, e *list.Element) {
+	free := rc.free[key]
+	for i := range free {
+		if free[i] == e {
+			rc.free[key] = append(free[:i], free[i+1:]...)
+			break
+		}
+	}
+	rc.budget.kept.Remove(e)
+	rc.budget.held -= key.size
+}
+
+// close closes every region rc keeps; regions given back later are closed
 // then.
 func (rc *regionCache) close() {
-	rc.mu.Lock()
-	free := rc.free
-	rc.free, rc.held, rc.closed = nil, 0, true
-	rc.mu.Unlock()
-	for _, list := range free {
-		for _, r := range list {
-			r.Close()
+	b := rc.budget
+	b.mu.Lock()
+	var regions []*bufpool.Region
+	for key, free := range rc.free {
+		for _, e := range free {
+			b.kept.Remove(e)
+			b.held -= key.size
+			regions = append(regions, e.Value.(*keptRegion).region)
 		}
+	}
+	rc.free, rc.closed = nil, true
+	b.mu.Unlock()
+	for _, r := range regions {
+		r.Close()
 	}
 }
 
 // counts is the cache's hits and misses.
 func (rc *regionCache) counts() (hits, misses uint64) {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
+	rc.budget.mu.Lock()
+	defer rc.budget.mu.Unlock()
 	return rc.hits, rc.misses
 }
