@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -286,9 +287,44 @@ func requireListenerServes(t *testing.T, ctx context.Context, l *msg.Listener) {
 // ErrClosed and not net.ErrClosed, the receiver disconnects, and its
 // listener serves the next client. Nothing leaks.
 func TestRendezvousFromABadRegionEndsTheConnection(t *testing.T) {
+	err := offerFromRawPeer(t, 4096)
+	require.ErrorContains(t, err, "reading a 4096-byte rendezvous")
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.NotErrorIs(t, err, net.ErrClosed)
+	if !rxetest.IWARP() { // iWARP's responder ends the stream: the read is flushed
+		var ce *endpoint.CompletionError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
+	}
+}
+
+// TestRendezvousLargerThanTheReceiverTakesEndsTheConnection: a peer that
+// ignores the largest message the receiver's hello announced
+// (WithMaxRecvSize) and offers a 256 MiB message anyway ends that
+// connection before the receiver registers anything for it: Recv fails
+// with an error matching msg.ErrMalformed that names the sizes, and no
+// failed read; the receiver disconnects, and its listener serves the next
+// client.
+func TestRendezvousLargerThanTheReceiverTakesEndsTheConnection(t *testing.T) {
+	const most, offered = 1 << 20, 1 << 28
+	err := offerFromRawPeer(t, offered, msg.WithMaxRecvSize(most))
+	require.ErrorIs(t, err, msg.ErrMalformed)
+	require.ErrorIs(t, err, msg.ErrClosed)
+	require.ErrorContains(t, err, fmt.Sprintf("the peer offered a %d-byte message, more than the %d this side receives", offered, most))
+	_, failedRead := errors.AsType[*endpoint.CompletionError](err)
+	require.False(t, failedRead, "the receiver read nothing")
+}
+
+// offerFromRawPeer listens with opts and dials from a raw cm endpoint
+// passing for a msg peer, which offers by rendezvous a length-byte message
+// in a region nobody registered. It returns the error the receiver's Recv
+// fails with, once it has checked that the receiver disconnected and that
+// its listener serves the next client. Nothing leaks.
+func offerFromRawPeer(t *testing.T, length uint32, opts ...msg.Option) error {
+	t.Helper()
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
-	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	l, err := msg.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"), opts...)
 	require.NoError(t, err)
 	defer l.Close()
 	raw, srv := rawMsgPeer(t, ctx, l)
@@ -297,9 +333,23 @@ func TestRendezvousFromABadRegionEndsTheConnection(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 
-	// The offer: a header, then the rendezvous info (msg/frame.go).
-	const infoSize, length = 28, 4096
 	b, _ := pool.TryGet()
+	sent := offerRendezvous(t, raw, b, length)
+	_, recvErr := srv.Recv(ctx)
+	t.Logf("the receiver's Recv: %v", recvErr)
+	requireCutOff(t, raw, sent)
+	require.NoError(t, pool.Put(b))
+	requireListenerServes(t, ctx, l)
+	return recvErr
+}
+
+// offerRendezvous sends from raw, in b (at least 64 bytes), a rendezvous
+// offer of a length-byte message in a region nobody registered, and
+// returns the send's completion error.
+func offerRendezvous(t *testing.T, raw *endpoint.Endpoint, b *bufpool.Buffer, length uint32) error {
+	t.Helper()
+	// A header, then the rendezvous info (msg/frame.go).
+	const infoSize = 28
 	h := msg.Header{Type: msg.TypeRendezvous, Flags: msg.FlagRendezvous, ID: 1, Length: infoSize}
 	h.Encode(b.Bytes())
 	info := b.Bytes()[msg.HeaderSize:]
@@ -309,32 +359,25 @@ func TestRendezvousFromABadRegionEndsTheConnection(t *testing.T) {
 	binary.LittleEndian.PutUint32(info[20:], 0x5a5a5a) // its rkey
 	binary.LittleEndian.PutUint32(info[24:], length)
 	require.NoError(t, raw.PostSend(nil, b, msg.HeaderSize+infoSize))
-	sent := next(t, raw).Err
+	return next(t, raw).Err
+}
 
-	_, err = srv.Recv(ctx)
-	t.Logf("the receiver's Recv: %v", err)
-	require.ErrorContains(t, err, "reading a 4096-byte rendezvous")
-	require.ErrorIs(t, err, msg.ErrClosed)
-	require.NotErrorIs(t, err, net.ErrClosed)
-	if !rxetest.IWARP() { // iWARP's responder ends the stream: the read is flushed
-		var ce *endpoint.CompletionError
-		require.ErrorAs(t, err, &ce)
-		require.Equal(t, endpoint.StatusRemoteAccess, ce.Status)
-	}
+// requireCutOff checks that the receiver of what raw sent, whose last
+// send's completion error was sent, disconnected it, and closes raw.
+func requireCutOff(t *testing.T, raw *endpoint.Endpoint, sent error) {
+	t.Helper()
 	select {
 	case <-raw.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the receiver did not disconnect")
 	}
 	// The receiver may disconnect before the device acknowledges the
-	// offer, which then comes back flushed; the failed read is the proof
-	// of delivery.
+	// send, which then comes back flushed; the receiver's failure is the
+	// proof of delivery.
 	if sent != nil {
 		require.ErrorIs(t, sent, endpoint.ErrClosed)
 	}
 	closeAndDrain(t, raw)
-	require.NoError(t, pool.Put(b))
-	requireListenerServes(t, ctx, l)
 }
 
 // readFuzzCorpus reads Go fuzz corpus files holding one []byte each.

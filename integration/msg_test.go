@@ -79,6 +79,91 @@ func listenMsg(t *testing.T, ctx context.Context, n int, opts ...msg.Option) (*m
 	return l, accepted
 }
 
+// TestMsgLargestMessage: a Listener that receives at most 1 MiB
+// (WithMaxRecvSize) tells its clients so in the hello: a client's Send or
+// SendRegion of a larger message fails at once with an error matching
+// msg.ErrTooLarge, not ErrClosed, and sends nothing, while messages up to
+// the bound arrive whole and the connection goes on. The client's own
+// bound is the default: the server sends it 4 MiB.
+func TestMsgLargestMessage(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const most = 1 << 20
+	client, server, _ := unevenMsgPair(t, ctx, []msg.Option{msg.WithMaxRecvSize(most)}, nil)
+
+	region, err := bufpool.NewRegion(client.PD(), 2*most, bufpool.RemoteRead)
+	require.NoError(t, err)
+	defer region.Close()
+	refusals := map[string]func() error{
+		"Send":       func() error { return client.Send(ctx, make([]byte, most+1)) },
+		"SendRegion": func() error { return client.SendRegion(ctx, region, 2*most) },
+	}
+	for name, send := range refusals {
+		err := send()
+		require.ErrorIs(t, err, msg.ErrTooLarge, name)
+		require.NotErrorIs(t, err, msg.ErrClosed, name)
+		require.ErrorContains(t, err, fmt.Sprintf("more than the %d the peer receives", most), name)
+	}
+	for i, n := range []int{most, 5} {
+		want := make([]byte, n)
+		pattern(want, i)
+		sent := make(chan error, 1)
+		go func() { sent <- client.Send(ctx, want) }()
+		got, err := server.Recv(ctx)
+		require.NoError(t, err)
+		require.NoError(t, <-sent)
+		require.True(t, bytes.Equal(want, got), "%d bytes, the next message after the refusals", n)
+	}
+	require.EqualValues(t, 1, server.Stats().RendezvousReceived, "the refused messages were never offered")
+
+	big := make([]byte, 4*most)
+	pattern(big, 9)
+	sent := make(chan error, 1)
+	go func() { sent <- server.Send(ctx, big) }()
+	got, err := client.Recv(ctx)
+	require.NoError(t, err)
+	require.NoError(t, <-sent)
+	require.True(t, bytes.Equal(big, got), "the client's own bound is the default")
+}
+
+// TestRPCLargestMessage: a request larger than the server receives
+// (WithMaxRecvSize on its Listener) fails the Call at once with an error
+// matching msg.ErrTooLarge; a response larger than the caller receives
+// (WithMaxRecvSize on DialClient) fails the call with a *msg.RemoteError
+// of CodeResourceExhausted, counted as an error by the server. The client
+// calls on after both.
+func TestRPCLargestMessage(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const most = 1 << 20
+	s, addr, served := rpcServer(t, ctx, msg.WithMaxRecvSize(2*most))
+	cl, err := msg.DialClient(ctx, addr, msg.WithMaxRecvSize(most))
+	require.NoError(t, err)
+
+	_, err = cl.Call(ctx, "echo", make([]byte, 2*most))
+	require.ErrorIs(t, err, msg.ErrTooLarge, "the method's name counts: the request is larger than 2 MiB")
+	require.Zero(t, s.Stats().Calls, "the request was never sent")
+
+	_, err = cl.Call(ctx, "echo", make([]byte, most+1))
+	var re *msg.RemoteError
+	require.ErrorAs(t, err, &re)
+	require.ErrorIs(t, err, msg.CodeResourceExhausted)
+	require.ErrorContains(t, err, fmt.Sprintf("a %d-byte response, more than the caller receives", most+1))
+
+	req := make([]byte, most)
+	pattern(req, 1)
+	got, err := cl.Call(ctx, "echo", req)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(req, got), "the calls go on")
+	st := s.Stats()
+	require.EqualValues(t, 2, st.Calls)
+	require.EqualValues(t, 1, st.Errors, "the response too large")
+
+	require.NoError(t, cl.Close())
+	require.NoError(t, s.Shutdown(ctx))
+	require.ErrorIs(t, <-served, msg.ErrShutdown)
+}
+
 func TestMsgSizesIncludingRendezvous(t *testing.T) {
 	rxetest.CheckResources(t)
 	client, server, _ := msgPair(t, testContext(t))

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/net/nettest"
 
+	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/cm"
 	"github.com/go-rdma/rdmacm/internal/rxetest"
 	"github.com/go-rdma/rdmacm/msg"
@@ -226,6 +227,55 @@ func TestRdmanetServerBoundsItsMemory(t *testing.T) {
 	t.Logf("the server process holds %d regions, %d bytes, for %d connections", regions, registered, clients)
 	require.Equal(t, 2*clients, regions, "a receive pool and a send pool a connection")
 	require.LessOrEqual(t, registered, int64(2*clients*pool), "at most %d bytes a pool", pool)
+}
+
+// TestRdmanetTakesNoMessageLargerThanItsBuffers: a Conn tells its peers
+// in the hello that it receives nothing larger than its buffers, so a msg
+// peer's Send of 1 MiB fails at once with msg.ErrTooLarge and the stream
+// goes on; a raw peer that offers 1 MiB by rendezvous anyway is cut off
+// before anything is registered for it: the Conn's Read fails with an
+// error matching msg.ErrMalformed and syscall.ECONNRESET.
+func TestRdmanetTakesNoMessageLargerThanItsBuffers(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	accept := func() net.Conn {
+		t.Helper()
+		c, err := l.Accept()
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	peer, err := msg.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer peer.Close()
+	conn := accept()
+	err = peer.Send(ctx, make([]byte, 1<<20))
+	require.ErrorIs(t, err, msg.ErrTooLarge)
+	require.ErrorContains(t, err, fmt.Sprintf("more than the %d the peer receives", 64<<10))
+	require.NoError(t, peer.Send(ctx, []byte("hello")))
+	got := make([]byte, 16)
+	n, err := conn.Read(got)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got[:n]), "the stream goes on")
+
+	raw, err := cm.Dial(ctx, l.Addr().String(), msgHello(t))
+	require.NoError(t, err)
+	conn = accept()
+	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(t, err)
+	defer pool.Close()
+	b, _ := pool.TryGet()
+	sent := offerRendezvous(t, raw, b, 1<<20)
+	_, err = conn.Read(got)
+	t.Logf("the Conn's Read: %v", err)
+	require.ErrorIs(t, err, msg.ErrMalformed)
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	requireCutOff(t, raw, sent)
+	require.NoError(t, pool.Put(b))
 }
 
 // TestRdmanetHTTPShutdownWaitsForRequests: net/http's graceful shutdown

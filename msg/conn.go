@@ -103,8 +103,11 @@ type Conn struct {
 	sendPool  *bufpool.Pool
 	out       outbox // sends waiting for a doorbell
 	maxInline int    // payload bytes that fit both sides' buffers
-	grantAt   int    // toGrant that triggers a credit message
-	holdAt    int    // credits at or below which the open stream message is held (holdAt)
+	// peerMaxMessage is the largest message the peer receives (its
+	// hello): Send refuses larger ones.
+	peerMaxMessage int
+	grantAt        int // toGrant that triggers a credit message
+	holdAt         int // credits at or below which the open stream message is held (holdAt)
 
 	mu      sync.Mutex
 	credits int           // messages this side may send
@@ -236,7 +239,7 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 		return nil, err
 	}
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
-		maxInline: sendSize - HeaderSize, grantAt: o.recvDepth / 2,
+		maxInline: sendSize - HeaderSize, peerMaxMessage: peer.maxMessage, grantAt: o.recvDepth / 2,
 		holdAt:  holdAt(peer),
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},
 		rv:    newRegionCache(ep.PD(), o.rvBudget),
@@ -914,7 +917,9 @@ func (c *Conn) grant(released bool) {
 // to offer it; once offered, the message will arrive, so Send waits for
 // the peer's read (which starts as the offer arrives) or the connection's
 // end, whatever ctx does. A Send that fails with ctx's error sent nothing,
-// and the next Send's message comes after this one's.
+// and the next Send's message comes after this one's. A message larger
+// than the peer receives (its WithMaxRecvSize) fails at once with an error
+// matching ErrTooLarge.
 func (c *Conn) Send(ctx context.Context, payload []byte) error {
 	if !c.made() {
 		return errConnNotMade
@@ -1374,10 +1379,16 @@ func (c *Conn) countSent(h *Header, n uint64) {
 // maxRendezvous is the largest message: one RDMA READ moves at most 2 GiB.
 const maxRendezvous = 1 << 31
 
-// checkRendezvousSize refuses a message larger than maxRendezvous.
-func checkRendezvousSize(size int) error {
-	if size > maxRendezvous {
-		return errorf("a %d-byte message is larger than %d bytes, the most one RDMA READ moves", size, maxRendezvous)
+// ErrTooLarge refuses a message larger than the peer receives
+// (WithMaxRecvSize), or than one RDMA READ moves. Nothing was sent, and
+// the connection goes on.
+var ErrTooLarge = errors.New("msg: message too large")
+
+// checkRendezvousSize refuses a message of size bytes that the peer would
+// not receive.
+func (c *Conn) checkRendezvousSize(size int) error {
+	if size > c.peerMaxMessage {
+		return fmt.Errorf("%w: %d bytes, more than the %d the peer receives", ErrTooLarge, size, c.peerMaxMessage)
 	}
 	return nil
 }
@@ -1431,7 +1442,7 @@ func (c *Conn) sendLent(ctx context.Context, typ Type, id uint64, head []byte, r
 	if c.writeClosed.Load() {
 		return ErrWriteClosed
 	}
-	if err := checkRendezvousSize(len(head) + n); err != nil {
+	if err := c.checkRendezvousSize(len(head) + n); err != nil {
 		return err
 	}
 	if n == 0 || rendezvousInfoSize+len(head) > c.maxInline {
@@ -1446,7 +1457,7 @@ func (c *Conn) sendLent(ctx context.Context, typ Type, id uint64, head []byte, r
 // first.
 func (c *Conn) sendRendezvous(ctx context.Context, typ Type, id uint64, head, payload []byte) error {
 	size := len(head) + len(payload)
-	if err := checkRendezvousSize(size); err != nil {
+	if err := c.checkRendezvousSize(size); err != nil {
 		return err
 	}
 	region, err := c.rv.get(size, bufpool.RemoteRead)

@@ -95,6 +95,7 @@ func FuzzParseHello(f *testing.F) {
 	f.Add(hello{recvDepth: 32, bufSize: 4096}.encode())
 	f.Add(hello{recvDepth: minRecvDepth, bufSize: HeaderSize + rendezvousInfoSize, streamReader: true}.encode())
 	f.Add(append(hello{recvDepth: 1 << 20, bufSize: 1 << 30}.encode(), make([]byte, 40)...)) // CM padding
+	f.Add(hello{recvDepth: 32, bufSize: 4096, maxMessage: 1 << 20}.encode()[:helloMinSize])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)
 		if err != nil {
@@ -103,6 +104,8 @@ func FuzzParseHello(f *testing.F) {
 		}
 		require.GreaterOrEqual(t, h.recvDepth, minRecvDepth)
 		require.GreaterOrEqual(t, h.bufSize, HeaderSize+rendezvousInfoSize)
+		require.Positive(t, h.maxMessage)
+		require.LessOrEqual(t, h.maxMessage, maxRendezvous)
 		again, err := parseHello(h.encode())
 		require.NoError(t, err)
 		require.Equal(t, h, again)

@@ -286,9 +286,14 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 // writes the offer's head at its start and posts the RDMA READ that
 // fetches the rest behind it; its completion delivers the message. The
 // region is registered for remote write, as iWARP requires of a READ's
-// sink; its key never leaves this side.
+// sink; its key never leaves this side. An offer larger than this side
+// receives (WithMaxRecvSize) ends the connection before anything is
+// registered.
 func (c *Conn) readRendezvous(info rendezvousInfo, head []byte, h Header) error {
 	size := len(head) + int(info.Length)
+	if size > c.o.maxRecv { // the hello told the peer so: it is not a msg peer, or a broken one
+		return fmt.Errorf("%w: the peer offered a %d-byte message, more than the %d this side receives", ErrMalformed, size, c.o.maxRecv)
+	}
 	region, err := c.rv.get(size, bufpool.RemoteWrite)
 	if err != nil {
 		return fmt.Errorf("msg: a region for a %d-byte rendezvous: %w", size, err)

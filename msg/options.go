@@ -27,6 +27,7 @@ type options struct {
 	keepalive        time.Duration
 	keepaliveTimeout time.Duration
 	rvCache          int // bytes of rendezvous regions kept registered
+	maxRecv          int // the largest message this side receives: at least what a receive buffer holds
 	// rvBudget holds rvCache bytes for the connections of one Dial or
 	// Listen together: newOptions makes it for the call.
 	rvBudget *regionBudget
@@ -55,7 +56,8 @@ func checkHello(recvDepth, bufSize int) error {
 
 func newOptions(opts []Option) (options, error) {
 	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
-		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20}
+		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20,
+		maxRecv: maxRendezvous}
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
@@ -74,6 +76,10 @@ func newOptions(opts []Option) (options, error) {
 		return o, invalid("rendezvous cache of %d bytes: at least 0", o.rvCache)
 	}
 	o.rvBudget = &regionBudget{limit: o.rvCache}
+	if o.maxRecv < 0 || o.maxRecv > maxRendezvous {
+		return o, invalid("largest message of %d bytes: at least 0, at most %d", o.maxRecv, maxRendezvous)
+	}
+	o.maxRecv = max(o.maxRecv, o.bufSize-HeaderSize)
 	cfg, rnrRetrySet, err := seam.ConnOptions(o.cmOpts)
 	if err != nil {
 		return o, fmt.Errorf("msg: WithCMOptions: %w", err)
@@ -97,7 +103,7 @@ func init() {
 
 // hello is what this side announces to its peers.
 func (o options) hello() hello {
-	return hello{recvDepth: o.recvDepth, bufSize: o.bufSize, streamReader: o.streamReader}
+	return hello{recvDepth: o.recvDepth, bufSize: o.bufSize, maxMessage: o.maxRecv, streamReader: o.streamReader}
 }
 
 // WithRecvDepth sets how many receives each connection keeps posted: the
@@ -141,6 +147,20 @@ func WithCMOptions(opts ...cm.Option) Option {
 // reuses one 8 MiB region. The one-sided operations (WriteRemote,
 // ReadRemote, the atomics) stage their bytes in regions of the same cache.
 func WithRendezvousCache(bytes int) Option { return func(o *options) { o.rvCache = bytes } }
+
+// WithMaxRecvSize sets the largest message this side receives, counting
+// an RPC's method name with its request (default and most 2 GiB, what one
+// RDMA READ moves). A message that fits a receive buffer always arrives:
+// it costs nothing more, so the bound is never below that. A larger one is
+// received by rendezvous into a region registered for it, so a server
+// that takes messages from clients it does not trust bounds with this
+// what each of them can make it pin, as gRPC's MaxRecvMsgSize does
+// (rdmanet sets 0: its peers' writes fit its buffers). The bound travels
+// in the hello: the peer's Send, SendRegion and Call of a larger message
+// fail at once with an error matching ErrTooLarge, and the connection
+// goes on; a peer that offers one anyway ends the connection with an
+// error matching ErrMalformed.
+func WithMaxRecvSize(bytes int) Option { return func(o *options) { o.maxRecv = bytes } }
 
 // WithLogger logs through l (silent by default): msg's own lines and its
 // connections' (package cm's: a port going down, a CM event), unless

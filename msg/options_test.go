@@ -65,14 +65,16 @@ func TestConnectionsLogThroughWithLogger(t *testing.T) {
 // do; sizes the hello cannot carry (32 bits) are refused, not truncated.
 func TestOptionRefusalsMatchErrInvalid(t *testing.T) {
 	for name, opt := range map[string]Option{
-		"receive depth too small":   WithRecvDepth(1),
-		"receive depth past u32":    WithRecvDepth(math.MaxUint32 + 1),
-		"buffer too small":          WithBufferSize(1),
-		"buffer past u32":           WithBufferSize(math.MaxUint32 + 1),
-		"negative keepalive":        WithKeepalive(-time.Second, 0),
-		"negative rendezvous cache": WithRendezvousCache(-1),
-		"a depth msg owns":          WithCMOptions(cm.WithQueueDepth(8)),
-		"a bad cm option":           WithCMOptions(cm.WithMaxSGE(0)),
+		"receive depth too small":       WithRecvDepth(1),
+		"receive depth past u32":        WithRecvDepth(math.MaxUint32 + 1),
+		"buffer too small":              WithBufferSize(1),
+		"buffer past u32":               WithBufferSize(math.MaxUint32 + 1),
+		"negative keepalive":            WithKeepalive(-time.Second, 0),
+		"negative rendezvous cache":     WithRendezvousCache(-1),
+		"negative largest message":      WithMaxRecvSize(-1),
+		"largest message past a READ's": WithMaxRecvSize(maxRendezvous + 1),
+		"a depth msg owns":              WithCMOptions(cm.WithQueueDepth(8)),
+		"a bad cm option":               WithCMOptions(cm.WithMaxSGE(0)),
 	} {
 		_, err := newOptions([]Option{opt})
 		require.ErrorIs(t, err, endpoint.ErrInvalid, name)
@@ -92,7 +94,39 @@ func TestConnectDataRefusesWhatAHelloCannotCarry(t *testing.T) {
 	require.NoError(t, err)
 	h, err := parseHello(b)
 	require.NoError(t, err)
-	require.Equal(t, hello{recvDepth: minRecvDepth, bufSize: math.MaxUint32}, h)
+	require.Equal(t, hello{recvDepth: minRecvDepth, bufSize: math.MaxUint32, maxMessage: maxRendezvous}, h)
+}
+
+// The hello carries the largest message a side receives: what
+// WithMaxRecvSize set, or, from a peer whose hello does not say (its 16
+// bytes, then the CM's zeros), the most one READ moves, to which a larger
+// value is cut down too.
+func TestHelloCarriesTheLargestMessage(t *testing.T) {
+	o, err := newOptions([]Option{WithMaxRecvSize(1 << 20)})
+	require.NoError(t, err)
+	h, err := parseHello(o.hello().encode())
+	require.NoError(t, err)
+	require.Equal(t, 1<<20, h.maxMessage)
+
+	unsaid := hello{recvDepth: 32, bufSize: 4096}.encode()
+	for name, b := range map[string][]byte{
+		"a hello of 16 bytes": unsaid[:helloMinSize],
+		"padded with zeros":   append(unsaid, make([]byte, 36)...),
+	} {
+		h, err := parseHello(b)
+		require.NoError(t, err, name)
+		require.Equal(t, maxRendezvous, h.maxMessage, name)
+	}
+	h, err = parseHello(hello{recvDepth: 32, bufSize: 4096, maxMessage: math.MaxUint32}.encode())
+	require.NoError(t, err)
+	require.Equal(t, maxRendezvous, h.maxMessage, "no more than one READ moves")
+
+	o, err = newOptions(nil)
+	require.NoError(t, err)
+	require.Equal(t, maxRendezvous, o.maxRecv, "the default")
+	o, err = newOptions([]Option{WithMaxRecvSize(0), WithBufferSize(8192)})
+	require.NoError(t, err)
+	require.Equal(t, 8192-HeaderSize, o.hello().maxMessage, "what fits a receive buffer always arrives")
 }
 
 func TestRendezvousCacheSize(t *testing.T) {

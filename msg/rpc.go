@@ -183,7 +183,10 @@ func (cl *Client) route(m arrival) routing {
 // late response is then dropped). A request larger than MaxInline is sent
 // as Send sends it: once offered, Call returns only after the server has
 // read it, even if ctx ended meanwhile. A handler's error is a
-// *RemoteError, which errors.Is matches to its Code.
+// *RemoteError, which errors.Is matches to its Code. A request larger than
+// the server receives fails at once with an error matching ErrTooLarge; a
+// response larger than this client receives (WithMaxRecvSize on
+// DialClient) fails the call with CodeResourceExhausted.
 func (cl *Client) Call(ctx context.Context, method string, req []byte) ([]byte, error) {
 	return cl.call(ctx, method, req, nil, 0)
 }
@@ -549,7 +552,12 @@ func (k *serverCall) answer() {
 		typ, resp, failed = TypeError, encodeError(herr), true
 	}
 	k.c.out.readied.Add(-1)
-	k.c.send(k, typ, k.id, nil, resp) // fails only when the connection has ended
+	// Fails only when the connection has ended, or when the caller would
+	// not take so large a response: then it learns why instead.
+	if err := k.c.send(k, typ, k.id, nil, resp); errors.Is(err, ErrTooLarge) {
+		failed = true
+		k.c.send(k, TypeError, k.id, nil, encodeError(fmt.Errorf("a %d-byte response, more than the caller receives: %w", len(resp), CodeResourceExhausted)))
+	}
 }
 
 // call runs the handler. A handler that panics fails its call (the caller

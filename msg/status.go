@@ -21,22 +21,24 @@ type Code uint16
 
 // Codes the library uses, and common ones for handlers.
 const (
-	CodeUnknown          Code = iota // the handler's error carries no code
-	CodeInvalidArgument              // the request is malformed for the method
-	CodeNotFound                     // what the request names does not exist
-	CodeAlreadyExists                // what the request would create exists
-	CodePermissionDenied             // the caller may not do this
-	CodeUnavailable                  // the service cannot serve now; retrying may help
-	CodeDeadlineExceeded             // the handler's deadline passed
-	CodeUnimplemented                // no handler for the method (Mux)
-	CodeInternal                     // the handler failed unexpectedly (it panicked)
+	CodeUnknown           Code = iota // the handler's error carries no code
+	CodeInvalidArgument               // the request is malformed for the method
+	CodeNotFound                      // what the request names does not exist
+	CodeAlreadyExists                 // what the request would create exists
+	CodePermissionDenied              // the caller may not do this
+	CodeUnavailable                   // the service cannot serve now; retrying may help
+	CodeDeadlineExceeded              // the handler's deadline passed
+	CodeUnimplemented                 // no handler for the method (Mux)
+	CodeInternal                      // the handler failed unexpectedly (it panicked)
+	CodeResourceExhausted             // a limit was reached: the response is larger than the caller receives
 
 	// CodeUser is the first code for applications' own.
 	CodeUser Code = 1000
 )
 
 var codeNames = [...]string{"unknown", "invalid argument", "not found", "already exists",
-	"permission denied", "unavailable", "deadline exceeded", "unimplemented", "internal"}
+	"permission denied", "unavailable", "deadline exceeded", "unimplemented", "internal",
+	"resource exhausted"}
 
 // String names the code.
 func (c Code) String() string {

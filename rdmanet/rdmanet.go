@@ -24,9 +24,11 @@
 // WithMsgOptions(msg.WithBufferSize(n), msg.WithRecvDepth(d)): each of its
 // Conns then pins d buffers of n bytes each way, whatever its clients use,
 // and its writes, and its clients' writes to it, travel in messages of at
-// most n - msg.HeaderSize bytes. An idle Conn sends a keepalive every 2 s
-// each way (msg.WithKeepalive); a longer interval costs such a server
-// less CPU, and notices a dead peer later.
+// most n - msg.HeaderSize bytes. Nothing else is registered for a peer:
+// a Conn receives no message larger than its buffers (msg.WithMaxRecvSize),
+// and a peer that offers one is cut off. An idle Conn sends a keepalive
+// every 2 s each way (msg.WithKeepalive); a longer interval costs such a
+// server less CPU, and notices a dead peer later.
 package rdmanet
 
 import (
@@ -75,7 +77,7 @@ func WithMsgOptions(opts ...msg.Option) Option {
 // msgOptions is rdmanet's msg options, then those opts add.
 func msgOptions(opts []Option) []msg.Option {
 	o := options{msg: []msg.Option{msg.WithBufferSize(bufferSize), msg.WithRecvDepth(recvDepth),
-		seam.StreamReader.(msg.Option)}}
+		msg.WithMaxRecvSize(0), seam.StreamReader.(msg.Option)}}
 	for _, f := range opts {
 		if f != nil {
 			f(&o)
