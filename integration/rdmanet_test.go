@@ -278,6 +278,77 @@ func TestRdmanetTakesNoMessageLargerThanItsBuffers(t *testing.T) {
 	require.NoError(t, pool.Put(b))
 }
 
+// TestRdmanetListenerDeadline: SetDeadline bounds Accept as
+// *net.TCPListener's does. A deadline that passes wakes a pending Accept,
+// set before or during its wait, with an error that matches
+// os.ErrDeadlineExceeded and is a net.Error Timeout; once passed, Accept
+// fails at once even with a connection waiting, which the next Accept
+// without a deadline returns. Close wakes an Accept waiting with a
+// deadline far off with net.ErrClosed, and SetDeadline after Close fails
+// so too.
+func TestRdmanetListenerDeadline(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	l, err := rdmanet.Listen(ctx, net.JoinHostPort(rxetest.Addr(t), "0"))
+	require.NoError(t, err)
+	defer l.Close()
+	requireTimeout := func(err error, what string) {
+		t.Helper()
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, what)
+		var ne net.Error
+		require.ErrorAs(t, err, &ne, what)
+		require.True(t, ne.Timeout(), what)
+	}
+
+	require.NoError(t, l.SetDeadline(time.Now().Add(200*time.Millisecond)))
+	start := time.Now()
+	_, err = l.Accept()
+	requireTimeout(err, "a deadline set before the wait")
+	require.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond, "Accept waited for the deadline")
+
+	require.NoError(t, l.SetDeadline(time.Time{}))
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := l.Accept()
+		accepted <- err
+	}()
+	select {
+	case err := <-accepted:
+		t.Fatalf("Accept returned with no deadline and no client: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.NoError(t, l.SetDeadline(time.Now().Add(100*time.Millisecond)))
+	requireTimeout(<-accepted, "a deadline set during the wait")
+
+	client, err := rdmanet.Dial(ctx, l.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	_, err = l.Accept()
+	requireTimeout(err, "a passed deadline, with a connection waiting")
+	require.NoError(t, l.SetDeadline(time.Time{}))
+	conn, err := l.Accept()
+	require.NoError(t, err, "the waiting connection")
+	defer conn.Close()
+	_, err = client.Write([]byte("hi"))
+	require.NoError(t, err)
+	got := make([]byte, 2)
+	_, err = io.ReadFull(conn, got)
+	require.NoError(t, err)
+	require.Equal(t, "hi", string(got))
+
+	require.NoError(t, l.SetDeadline(time.Now().Add(time.Hour)))
+	go func() {
+		_, err := l.Accept()
+		accepted <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, l.Close())
+	err = <-accepted
+	require.ErrorIs(t, err, net.ErrClosed)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorIs(t, l.SetDeadline(time.Time{}), net.ErrClosed)
+}
+
 // TestRdmanetHTTPShutdownWaitsForRequests: net/http's graceful shutdown
 // over rdmanet, as a service restarts. With 4 requests in their handlers,
 // each on a connection its client keeps alive, Shutdown closes the

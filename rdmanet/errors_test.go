@@ -112,6 +112,7 @@ func TestConnAndListenerNotMadeFailWithEINVAL(t *testing.T) {
 	for name, l := range map[string]*Listener{"nil": nil, "zero": {}} {
 		_, err := l.Accept()
 		require.ErrorIs(t, err, syscall.EINVAL, name)
+		require.ErrorIs(t, l.SetDeadline(time.Now()), syscall.EINVAL, name)
 		require.ErrorIs(t, l.Close(), syscall.EINVAL, name)
 		require.Nil(t, l.Addr(), name)
 	}

@@ -545,9 +545,10 @@ func (e *peerEndedError) Unwrap() error { return e.cause }
 
 // Listener accepts rdmanet connections. It implements net.Listener.
 type Listener struct {
-	l      *msg.Listener
-	ctx    context.Context // ends with Close: Accept's
-	cancel context.CancelFunc
+	l        *msg.Listener
+	ctx      context.Context // ends with Close: Accept's
+	cancel   context.CancelFunc
+	deadline deadline // Accept's (SetDeadline)
 }
 
 var _ net.Listener = (*Listener)(nil)
@@ -561,7 +562,9 @@ func Listen(ctx context.Context, addr string, opts ...Option) (*Listener, error)
 		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
 	}
 	lctx, cancel := context.WithCancel(context.Background())
-	return &Listener{l: l, ctx: lctx, cancel: cancel}, nil
+	ln := &Listener{l: l, ctx: lctx, cancel: cancel}
+	ln.deadline.init()
+	return ln, nil
 }
 
 // Accept waits for the next connection; after Close it returns an error
@@ -575,14 +578,50 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if !l.ok() {
 		return nil, syscall.EINVAL
 	}
-	c, err := l.l.Accept(l.ctx)
+	passed := l.deadline.context()
+	if l.ctx.Err() != nil || passed.Err() != nil {
+		return nil, l.acceptError(nil, passed)
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	defer cancel()
+	defer context.AfterFunc(passed, cancel)()
+	c, err := l.l.Accept(ctx)
 	if err != nil {
-		if l.ctx.Err() != nil {
-			err = fmt.Errorf("rdmanet: listener closed: %w", net.ErrClosed)
-		}
-		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.Addr(), Err: err}
+		return nil, l.acceptError(err, passed)
 	}
 	return newConn(c), nil
+}
+
+// acceptError is Accept's error err, or, once the listener is closed or
+// the deadline (whose context is passed) has passed, the error that says
+// so, in a *net.OpError.
+func (l *Listener) acceptError(err error, passed context.Context) error {
+	switch {
+	case l.ctx.Err() != nil:
+		err = errListenerClosed
+	case passed.Err() != nil:
+		err = os.ErrDeadlineExceeded
+	}
+	return &net.OpError{Op: "accept", Net: "rdma", Addr: l.Addr(), Err: err}
+}
+
+// errListenerClosed is a Listener's calls' error after Close.
+var errListenerClosed = fmt.Errorf("rdmanet: listener closed: %w", net.ErrClosed)
+
+// SetDeadline sets the deadline for pending and future Accepts, as
+// *net.TCPListener's does: once it has passed, Accept fails with an error
+// for which errors.Is(err, os.ErrDeadlineExceeded) and net.Error's
+// Timeout() hold, even with a connection waiting; the zero time means
+// none. After Close it fails with an error matching net.ErrClosed.
+func (l *Listener) SetDeadline(t time.Time) error {
+	if !l.ok() {
+		return syscall.EINVAL
+	}
+	if l.ctx.Err() != nil {
+		return &net.OpError{Op: "set", Net: "rdma", Addr: l.Addr(), Err: errListenerClosed}
+	}
+	l.deadline.set(t)
+	return nil
 }
 
 // Close stops listening; a blocked Accept returns. Connections set up that
@@ -594,6 +633,7 @@ func (l *Listener) Close() error {
 		return syscall.EINVAL
 	}
 	l.cancel()
+	l.deadline.stop()
 	return l.l.Close()
 }
 
