@@ -7,7 +7,9 @@
 //
 // Methods: echo (returns its request), sum (adds little-endian uint64s),
 // kv.put and kv.get (an in-memory key-value store), and blob.put (takes a
-// large upload, which travels by rendezvous, and returns its SHA-256).
+// large upload, which travels by rendezvous, and returns its SHA-256). The
+// server takes requests of at most 64 MiB (-max-request): a client's call
+// with a larger one fails at once with msg.ErrTooLarge.
 package main
 
 import (
@@ -38,9 +40,10 @@ func main() {
 	calls := flag.Int("calls", 500, "calls per caller")
 	blob := flag.Int("blob", 8<<20, "bytes of the blob.put upload")
 	metrics := flag.String("metrics", "", "server and demo: serve the server's counters at http://`host:port`/metrics (Prometheus)")
+	maxRequest := flag.Int("max-request", 64<<20, "server and demo: the largest request, in bytes, a client may send (at most 2 GiB)")
 	flag.Parse()
 	address, err := exampleaddr.Or(*addr, "7472")
-	err = cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "callers", "calls", "blob"), err)
+	err = cmp.Or(flagcheck.AtLeast(flag.CommandLine, 1, "callers", "calls", "blob", "max-request"), err)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rpc:", err)
 		os.Exit(2)
@@ -49,11 +52,11 @@ func main() {
 	defer stop()
 	switch *mode {
 	case "server":
-		err = serve(ctx, address, *metrics, nil)
+		err = serve(ctx, address, *metrics, *maxRequest, nil)
 	case "client":
 		err = load(ctx, address, *callers, *calls, *blob)
 	case "demo":
-		err = demo(ctx, address, *metrics, *callers, *calls, *blob)
+		err = demo(ctx, address, *metrics, *maxRequest, *callers, *calls, *blob)
 	default:
 		err = fmt.Errorf("unknown -mode %q", *mode)
 	}
@@ -121,8 +124,10 @@ func (s *store) get(ctx context.Context, req []byte) ([]byte, error) {
 
 // serve serves the service on addr until ctx ends, and its counters on
 // metricsAddr unless that is empty. ready gets the address it listens on.
-func serve(ctx context.Context, addr, metricsAddr string, ready chan<- string) error {
-	l, err := msg.Listen(ctx, addr)
+func serve(ctx context.Context, addr, metricsAddr string, maxRequest int, ready chan<- string) error {
+	// A request is read into memory registered for it: the bound keeps
+	// what one client can make the server pin (msg.WithMaxRecvSize).
+	l, err := msg.Listen(ctx, addr, msg.WithMaxRecvSize(maxRequest))
 	if err != nil {
 		return err
 	}
@@ -172,11 +177,11 @@ func serveUntil(ctx context.Context, serve func() error, shutdown func(context.C
 	return err
 }
 
-func demo(ctx context.Context, addr, metricsAddr string, callers, calls, blob int) error {
+func demo(ctx context.Context, addr, metricsAddr string, maxRequest, callers, calls, blob int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	ready := make(chan string, 1)
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, addr, metricsAddr, ready) }()
+	go func() { served <- serve(ctx, addr, metricsAddr, maxRequest, ready) }()
 	select {
 	case a := <-ready:
 		fmt.Printf("rpc server listening on %s\n", a)

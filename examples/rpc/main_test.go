@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"io"
 	"net"
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 // TestOutOfRangeFlagsAreUsageErrors: a count or size below 1 stops rpc
 // before it listens or dials, naming the flag. Such values made it panic.
 func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
-	toolrun.RequireRefused(t, [][2]string{{"callers", "0"}, {"callers", "-1"}, {"calls", "0"}, {"blob", "0"}})
+	toolrun.RequireRefused(t, [][2]string{{"callers", "0"}, {"callers", "-1"}, {"calls", "0"}, {"blob", "0"}, {"max-request", "0"}})
 }
 
 // TestMetricsCountTheCalls: the example's server counts the calls a client
@@ -43,16 +44,7 @@ func TestMetricsCountTheCalls(t *testing.T) {
 	metricsAddr := free.Addr().String()
 	require.NoError(t, free.Close())
 
-	sctx, stop := context.WithCancel(ctx)
-	ready := make(chan string, 1)
-	served := make(chan error, 1)
-	go func() { served <- serve(sctx, rpcAddr, metricsAddr, ready) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-served:
-		t.Fatal(err)
-	}
+	addr, stop := startServer(t, ctx, rpcAddr, metricsAddr, 64<<20)
 	cl, err := msg.DialClient(ctx, addr)
 	require.NoError(t, err)
 	for range 20 {
@@ -91,11 +83,55 @@ func TestMetricsCountTheCalls(t *testing.T) {
 
 	require.NoError(t, cl.Close())
 	stop()
-	if err := <-served; err != nil && !errors.Is(err, msg.ErrShutdown) {
-		t.Fatal(err)
-	}
 	_, err = http.Get("http://" + metricsAddr + "/metrics")
 	require.Error(t, err, "the metrics server stops with the service")
+}
+
+// TestServerBoundsRequests: with -max-request 1 MiB, a blob.put of a
+// request larger than that (method name and blob) fails the call at once
+// with msg.ErrTooLarge, and one of exactly that size is served.
+func TestServerBoundsRequests(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rxetest.CheckResources(t)
+	const most = 1 << 20
+	addr, stop := startServer(t, ctx, net.JoinHostPort(rxetest.Addr(t), "0"), "", most)
+	cl, err := msg.DialClient(ctx, addr)
+	require.NoError(t, err)
+	head := 1 + len("blob.put") // a request is its method's length, its method, then its bytes
+	_, err = cl.Call(ctx, "blob.put", make([]byte, most-head+1))
+	require.ErrorIs(t, err, msg.ErrTooLarge)
+	blob := make([]byte, most-head)
+	got, err := cl.Call(ctx, "blob.put", blob)
+	require.NoError(t, err)
+	want := sha256.Sum256(blob)
+	require.Equal(t, want[:], got)
+
+	require.NoError(t, cl.Close())
+	stop()
+}
+
+// startServer runs serve on rpcAddr until stop, which waits for it to
+// return and fails the test on any error but the shutdown's; it returns
+// the address the server listens on.
+func startServer(t *testing.T, ctx context.Context, rpcAddr, metricsAddr string, maxRequest int) (addr string, stop func()) {
+	t.Helper()
+	sctx, cancel := context.WithCancel(ctx)
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() { served <- serve(sctx, rpcAddr, metricsAddr, maxRequest, ready) }()
+	select {
+	case addr = <-ready:
+	case err := <-served:
+		cancel()
+		t.Fatal(err)
+	}
+	return addr, func() {
+		cancel()
+		if err := <-served; err != nil && !errors.Is(err, msg.ErrShutdown) {
+			t.Fatal(err)
+		}
+	}
 }
 
 // scrape GETs url and returns the body of its 200 answer ("" on any
