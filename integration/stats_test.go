@@ -2,7 +2,9 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -155,17 +157,8 @@ func TestRendezvousCacheIsAListenersBudget(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	const region, conns = 1 << 20, 3
-	l, accepted := listenMsg(t, ctx, conns, msg.WithRendezvousCache(2*region))
-	var clients, servers [conns]*msg.Conn
-	for i := range conns {
-		c, err := msg.Dial(ctx, l.Addr().String(), msg.WithRendezvousCache(0))
-		require.NoError(t, err)
-		t.Cleanup(func() { c.Close() })
-		s, ok := <-accepted
-		require.True(t, ok, "accept %d", i)
-		t.Cleanup(func() { s.Close() })
-		clients[i], servers[i] = c, s
-	}
+	clients, servers := msgPairsOnOneListener(t, ctx, conns, []msg.Option{msg.WithRendezvousCache(2 * region)},
+		msg.WithRendezvousCache(0))
 	_, before := rxetest.Registered(t, os.Getpid())
 
 	for turn, i := range []int{0, 1, 2, 0, 2} {
@@ -196,6 +189,117 @@ func TestRendezvousCacheIsAListenersBudget(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 2*region, kept, "bytes registered beyond the connections' own")
+}
+
+// TestRendezvousBudgetSharedUnderLoad: the connections of one Listener
+// share their regions' budget safely while they move messages at once and
+// some of them end. 4 clients each send 24 messages of three region
+// classes (128 KiB to 1 MiB) at once to a Listener that keeps 1 MiB of
+// regions, so its connections close each other's regions as they give
+// theirs back, and the server closes two of its connections after 12
+// messages, whose clients' later Sends fail. Every message received is
+// whole, and everything is freed once all is closed (the resource
+// check): run under -race.
+func TestRendezvousBudgetSharedUnderLoad(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const conns, messages, closeAfter = 4, 24, 12
+	sizes := []int{100 << 10, 300 << 10, 1 << 20}
+	clients, servers := msgPairsOnOneListener(t, ctx, conns, []msg.Option{msg.WithRendezvousCache(1 << 20)})
+	message := func(conn, i int) []byte {
+		b := make([]byte, sizes[i%len(sizes)])
+		pattern(b, conn*messages+i)
+		return b
+	}
+	closes := func(conn int) bool { return conn < 2 }
+	// A rendezvous Send returns once the peer confirms its read, and a
+	// peer that closes right after its read may say goodbye first: the
+	// server closes once the client has its closeAfter-th confirmation.
+	var confirmed [conns]chan struct{}
+	for conn := range conns {
+		confirmed[conn] = make(chan struct{})
+	}
+
+	errs := make(chan error, 2*conns)
+	for conn := range conns {
+		go func() { // the client
+			for i := range messages {
+				err := clients[conn].Send(ctx, message(conn, i))
+				if err == nil && i == closeAfter-1 {
+					close(confirmed[conn])
+				}
+				switch {
+				case err == nil:
+				case closes(conn) && i >= closeAfter && errors.Is(err, msg.ErrClosed):
+					errs <- nil
+					return
+				default:
+					errs <- fmt.Errorf("client %d, message %d: %w", conn, i, err)
+					return
+				}
+			}
+			if closes(conn) {
+				errs <- fmt.Errorf("client %d: every Send went through after the server closed", conn)
+				return
+			}
+			errs <- nil
+		}()
+		go func() { // the server's side
+			received := messages
+			if closes(conn) {
+				received = closeAfter
+			}
+			for i := range received {
+				got, err := servers[conn].Recv(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("server %d, message %d: %w", conn, i, err)
+					return
+				}
+				if !bytes.Equal(message(conn, i), got) {
+					errs <- fmt.Errorf("server %d, message %d: %d bytes, not the ones sent", conn, i, len(got))
+					return
+				}
+			}
+			if closes(conn) {
+				select {
+				case <-confirmed[conn]:
+				case <-ctx.Done():
+				}
+				errs <- servers[conn].Close()
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 * conns {
+		require.NoError(t, <-errs)
+	}
+	var hits, misses uint64
+	for _, s := range servers[2:] {
+		st := s.Stats()
+		hits, misses = hits+st.RegionCacheHits, misses+st.RegionCacheMisses
+	}
+	t.Logf("the two connections that stayed: %d region cache hits, %d misses", hits, misses)
+	require.EqualValues(t, 2*messages, hits+misses, "every message took a region")
+}
+
+// msgPairsOnOneListener dials n clients with dialOpts, one after the
+// other, to one Listener with listenOpts, and returns them and the
+// connections the Listener accepted, the i-th server the i-th client's
+// peer. All close at cleanup.
+func msgPairsOnOneListener(t *testing.T, ctx context.Context, n int, listenOpts []msg.Option, dialOpts ...msg.Option) (clients, servers []*msg.Conn) {
+	t.Helper()
+	l, accepted := listenMsg(t, ctx, n, listenOpts...)
+	for i := range n {
+		c, err := msg.Dial(ctx, l.Addr().String(), dialOpts...)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		s, ok := <-accepted
+		require.True(t, ok, "accept %d", i)
+		t.Cleanup(func() { s.Close() })
+		clients, servers = append(clients, c), append(servers, s)
+	}
+	return clients, servers
 }
 
 // TestKeepaliveRoundTripIsMeasured: an idle connection's keepalives time
