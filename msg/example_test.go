@@ -121,6 +121,51 @@ func ExampleServer() {
 	// <nil> true
 }
 
+// A server that bounds what its clients may send: a message above the
+// bound would be read into memory registered for it, so the Listener says
+// how much it takes, and a client's larger Send fails at once, with the
+// connection still up.
+func ExampleWithMaxRecvSize() {
+	ctx := context.Background()
+	l, err := msg.Listen(ctx, net.JoinHostPort(os.Getenv("RDMACM_TEST_ADDR"), "0"), msg.WithMaxRecvSize(1<<20))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer l.Close()
+	received := make(chan int, 1)
+	go func() {
+		c, err := l.Accept(ctx)
+		if err != nil {
+			received <- -1
+			return
+		}
+		m, err := c.Recv(ctx)
+		c.Recv(ctx) // io.EOF: the client closed
+		c.Close()
+		if err != nil {
+			received <- -1
+			return
+		}
+		received <- len(m)
+	}()
+
+	c, err := msg.Dial(ctx, l.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = c.Send(ctx, make([]byte, 2<<20))
+	fmt.Println(errors.Is(err, msg.ErrTooLarge), err)
+	fmt.Println(c.Send(ctx, make([]byte, 1<<20)))
+	c.Close()
+	fmt.Println(<-received)
+	// Output:
+	// true msg: message too large: 2097152 bytes, more than the 1048576 the peer receives
+	// <nil>
+	// 1048576
+}
+
 // A handler that answers from memory the server registered once: the
 // server's connections share one protection domain (cm.WithPD), the
 // region lives in it, and Respond lends it, so the caller reads the 1 MiB

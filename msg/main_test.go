@@ -9,6 +9,6 @@ import (
 
 // TestMain skips the examples that need an RDMA device where there is none.
 func TestMain(m *testing.M) {
-	rxetest.SkipExamplesWithoutDevice("^Example(Conn|Server|Respond)$")
+	rxetest.SkipExamplesWithoutDevice("^Example(Conn|Server|Respond|WithMaxRecvSize)$")
 	os.Exit(m.Run())
 }
