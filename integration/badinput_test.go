@@ -329,25 +329,26 @@ func offerFromRawPeer(t *testing.T, length uint32, opts ...msg.Option) error {
 	defer l.Close()
 	raw, srv := rawMsgPeer(t, ctx, l)
 	defer srv.Close()
-	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
-	require.NoError(t, err)
-	defer pool.Close()
 
-	b, _ := pool.TryGet()
-	sent := offerRendezvous(t, raw, b, length)
+	sent := offerRendezvous(t, raw, length)
 	_, recvErr := srv.Recv(ctx)
 	t.Logf("the receiver's Recv: %v", recvErr)
 	requireCutOff(t, raw, sent)
-	require.NoError(t, pool.Put(b))
 	requireListenerServes(t, ctx, l)
 	return recvErr
 }
 
-// offerRendezvous sends from raw, in b (at least 64 bytes), a rendezvous
-// offer of a length-byte message in a region nobody registered, and
-// returns the send's completion error.
-func offerRendezvous(t *testing.T, raw *endpoint.Endpoint, b *bufpool.Buffer, length uint32) error {
+// offerRendezvous sends from raw a rendezvous offer of a length-byte
+// message in a region nobody registered, and returns the send's
+// completion error, once the buffer it was sent from is back.
+func offerRendezvous(t *testing.T, raw *endpoint.Endpoint, length uint32) error {
 	t.Helper()
+	pool, err := bufpool.New(raw.PD(), bufpool.Size(64), bufpool.Count(1))
+	require.NoError(t, err)
+	defer pool.Close()
+	b, ok := pool.TryGet()
+	require.True(t, ok)
+	defer func() { require.NoError(t, pool.Put(b)) }()
 	// A header, then the rendezvous info (msg/frame.go).
 	const infoSize = 28
 	h := msg.Header{Type: msg.TypeRendezvous, Flags: msg.FlagRendezvous, ID: 1, Length: infoSize}
