@@ -333,7 +333,7 @@ func TestMsgSendsAreMostlyUnsignaled(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)
 	client, server, _ := msgPair(t, ctx, msg.WithKeepalive(0, 0))
-	const rounds = 200
+	const rounds = 400
 	for i := range rounds {
 		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
 		got, err := server.Recv(ctx)
@@ -674,6 +674,70 @@ func TestGoodbyeReachesAPeerThatHoldsAll(t *testing.T) {
 	for i, m := range held {
 		require.Equal(t, []byte{byte(i)}, m.Payload, "message %d", i)
 	}
+}
+
+// TestRendezvousReadBeforeCloseIsConfirmed: a message the peer has
+// received counts as sent, even when the peer closes right after its
+// Recv. The sender's rendezvous Send returns nil, not ErrPeerClosed: the
+// goodbye goes after the confirmations the receiver owes for what it read.
+// Each round is a new connection, several at once, for the race between
+// the confirmation and the goodbye to have its chance.
+func TestRendezvousReadBeforeCloseIsConfirmed(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const pairs, rounds = 8, 8
+	listeners := make([]*msg.Listener, pairs)
+	accepted := make([]<-chan *msg.Conn, pairs)
+	for p := range pairs { // one each, so that a client's connection is the next its listener accepts
+		listeners[p], accepted[p] = listenMsg(t, ctx, rounds)
+	}
+	concurrently(t, pairs, func(p int) error {
+		for i := range rounds {
+			if err := readThenClose(ctx, listeners[p].Addr().String(), accepted[p], p*rounds+i); err != nil {
+				return fmt.Errorf("pair %d, round %d: %w", p, i, err)
+			}
+		}
+		return nil
+	})
+}
+
+// readThenClose dials addr, sends a 1 MiB message by rendezvous to the
+// connection its listener accepted (the next on accepted), which closes
+// right after its Recv, and says
+// what went wrong: the Send failing, the message not arriving whole, or
+// the sender not reading io.EOF after it.
+func readThenClose(ctx context.Context, addr string, accepted <-chan *msg.Conn, seed int) error {
+	client, err := msg.Dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	want := make([]byte, 1<<20)
+	pattern(want, seed)
+	sent := make(chan error, 1)
+	go func() { sent <- client.Send(ctx, want) }()
+	server, ok := <-accepted
+	if !ok {
+		return errors.New("no connection accepted")
+	}
+	got, err := server.Recv(ctx)
+	closeErr := server.Close()
+	if err != nil {
+		return fmt.Errorf("server's Recv: %w", err)
+	}
+	if closeErr != nil {
+		return fmt.Errorf("server's Close: %w", closeErr)
+	}
+	if err := <-sent; err != nil {
+		return fmt.Errorf("the server read the message before it closed, but Send failed: %w", err)
+	}
+	if !bytes.Equal(want, got) {
+		return errors.New("the message arrived changed")
+	}
+	if _, err := client.Recv(ctx); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("after the server's goodbye, Recv: %v, want io.EOF", err)
+	}
+	return nil
 }
 
 // TestMsgBothSendBeforeReading: each side sends first and reads after,

@@ -140,6 +140,11 @@ type Conn struct {
 	granted, receivedTotal int
 	reading                int  // this side's RDMA READs and atomics on the peer's memory in flight
 	closing                bool // Close said goodbye, or Abort is closing: no message may follow
+	// confirming: the control loop took a confirmation from dones and
+	// has not queued it yet. confirmFirst: Close's goodbye waits for
+	// the confirmations owed, and until it goes the control loop sends
+	// them though closing is set (and nothing else).
+	confirming, confirmFirst bool
 	// Half-close (CloseWrite): messages are refused from writeClosed on;
 	// the control loop sends the TypeCloseWrite owed (eofOwed) once no
 	// send that took a credit before it is still on its way to the queue
@@ -815,8 +820,9 @@ func (c *Conn) close(within time.Duration) error {
 	return c.closeErr
 }
 
-// sayGoodbye sends the TypeClose message and waits for every message posted
-// so far to leave, all within within: without a credit and a buffer by then
+// sayGoodbye sends the TypeClose message, after the confirmations owed for
+// rendezvous messages read, and waits for every message posted so far to
+// leave, all within within: without a credit and a buffer by then
 // (held stream bytes wait for a credit of data, and the peer holds every
 // message it was sent), it gives up. Sends that start afterwards fail with
 // ErrClosed.
@@ -825,18 +831,27 @@ func (c *Conn) sayGoodbye(within time.Duration) {
 	defer cancel()
 	c.mu.Lock()
 	c.closing = true
+	c.confirmFirst = true
 	c.mu.Unlock()
 	if c.flushStream(ctx) != nil { // the stream's held bytes go before the goodbye
 		return
 	}
+	// The confirmations of messages read go before it: each is the
+	// peer's Send of that message returning nil, and after the goodbye
+	// that Send would fail as if the message were lost.
+	if c.waitFor(ctx, c.confirmedLocked) != nil {
+		return
+	}
+	c.mu.Unlock()
 	b, err := c.sendBuffer(ctx)
 	if err != nil {
 		return
 	}
-	if c.waitFor(ctx, func() bool { return c.mayTalk && c.credits >= 1 }) != nil {
+	if c.waitFor(ctx, func() bool { return c.mayTalk && c.credits >= 1 && !c.confirming }) != nil {
 		c.sendPool.Put(b)
 		return
 	}
+	c.confirmFirst = false // a read that ends from now on is of a message nobody took
 	h := Header{Type: TypeClose}
 	c.takeCreditLocked(&h)
 	c.mu.Unlock()
@@ -847,6 +862,14 @@ func (c *Conn) sayGoodbye(within time.Duration) {
 	if c.flush(ctx) == nil && seam.SendsCompleteLocally(c.ep) {
 		c.awaitDelivery(ctx)
 	}
+}
+
+// confirmedLocked says no confirmation the goodbye waits for is left:
+// every one owed is queued, or the control loop cannot send it (its last
+// credit, with none for the peer, is the goodbye's: mayControl) and it
+// is better lost than the goodbye. c.mu is held.
+func (c *Conn) confirmedLocked() bool {
+	return len(c.dones) == 0 && !c.confirming || c.credits == 1 && c.toGrant == 0
 }
 
 // awaitDelivery waits, within ctx, until the peer holds every message
@@ -1510,6 +1533,15 @@ func (c *Conn) offerRendezvous(ctx context.Context, typ Type, id uint64, head []
 	case <-p.done:
 		return nil
 	case <-c.done:
+		// The peer may have confirmed the read just before the end:
+		// once every message that came before it is handled, p.done
+		// says so.
+		<-c.recvEnded
+		select {
+		case <-p.done:
+			return nil
+		default:
+		}
 		if p.lent {
 			<-c.ep.Done() // the QP no longer answers the peer's reads
 		}

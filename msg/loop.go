@@ -77,13 +77,16 @@ func (c *Conn) handle(comp endpoint.Completion) {
 			c.endReceivesIfAllIn()
 			return
 		}
-		c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.size], region: rr.region})
+		// The confirmation is owed before the application can have the
+		// message: a Close right after its Recv waits for it
+		// (sayGoodbye).
 		c.mu.Lock()
 		c.stats.RendezvousReceived++
 		c.stats.RendezvousBytesReceived += uint64(rr.size)
 		c.dones = append(c.dones, rr.info.RVID)
 		c.wakeControl()
 		c.mu.Unlock()
+		c.deliver(arrival{typ: rr.info.Type, id: rr.hdr.ID, payload: rr.region.Bytes()[:rr.size], region: rr.region})
 		if c.rvReads--; c.rvReads == 0 && c.heldEOF != nil {
 			c.inbox <- *c.heldEOF // after every message announced before it
 			c.heldEOF = nil
@@ -368,7 +371,10 @@ func (c *Conn) controlLoop() {
 		eofDue := eofWaiting && cs.dataMayGo()
 		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
 		other := c.greet || eofDue || len(c.dones) > 0 || keepaliveDue
-		owed := c.mayTalk && !c.closing && cs.controlOwed(other, c.askedForCredit, c.creditWaiters > 0)
+		owed := c.mayTalk && cs.controlOwed(other, c.askedForCredit, c.creditWaiters > 0)
+		if c.closing { // only confirmations the goodbye waits for
+			owed = c.mayTalk && c.confirmFirst && len(c.dones) > 0
+		}
 		var b *bufpool.Buffer
 		if owed && cs.mayControl() {
 			b, _ = c.sendPool.TryGet()
@@ -406,6 +412,7 @@ func (c *Conn) controlLoop() {
 		case len(c.dones) > 0:
 			h = Header{Type: TypeRendezvousDone, ID: c.dones[0]}
 			c.dones = c.dones[1:]
+			c.confirming = true
 		case eofDue:
 			h = Header{Type: TypeCloseWrite}
 			c.eofOwed = false
@@ -414,6 +421,12 @@ func (c *Conn) controlLoop() {
 		c.mu.Unlock()
 		h.Encode(b.Bytes())
 		_ = c.post(outgoing{b: b, h: h, probe: keepaliveDue}) // a refusal is post's to handle
+		if h.Type == TypeRendezvousDone {
+			c.mu.Lock()
+			c.confirming = false
+			c.signal() // a goodbye may wait for it
+			c.mu.Unlock()
+		}
 	}
 }
 
