@@ -348,3 +348,31 @@ func TestOneSidedRegionsAreReused(t *testing.T) {
 	require.EqualValues(t, 2, st.RegionCacheMisses, "one region for the writes, one for the reads' sinks")
 	require.EqualValues(t, 2*rounds-2, st.RegionCacheHits)
 }
+
+// TestKeepaliveKeepsToThePeersTimeout: each side sends keepalives often
+// enough for the peer's timeout, whatever its own interval says: a client
+// whose own keepalives are off, or far apart, stays connected, idle, to
+// a server that ends a connection silent for 1 s, and the server still
+// gets its messages after three times that.
+func TestKeepaliveKeepsToThePeersTimeout(t *testing.T) {
+	ctx := testContext(t)
+	rxetest.CheckResources(t)
+	const timeout = time.Second
+	for name, own := range map[string]msg.Option{
+		"off":            msg.WithKeepalive(0, 0),
+		"far apart":      msg.WithKeepalive(time.Minute, 0),
+		"longer timeout": msg.WithKeepalive(10*time.Second, time.Minute),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each waits out the same idle time
+			client, server, _ := unevenMsgPair(t, ctx,
+				[]msg.Option{msg.WithKeepalive(timeout/4, timeout)}, []msg.Option{own})
+			time.Sleep(3 * timeout)
+			require.NoError(t, server.Err(), "the idle client kept to the server's timeout")
+			require.NoError(t, client.Send(ctx, []byte("still here")))
+			got, err := server.Recv(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "still here", string(got))
+		})
+	}
+}

@@ -108,6 +108,9 @@ type Conn struct {
 	peerMaxMessage int
 	grantAt        int // toGrant that triggers a credit message
 	holdAt         int // credits at or below which the open stream message is held (holdAt)
+	// keepaliveEvery: a keepalive goes when nothing was sent for this
+	// long (0: never); checkEvery: the control loop's tick (0: none).
+	keepaliveEvery, checkEvery time.Duration
 
 	mu      sync.Mutex
 	credits int           // messages this side may send
@@ -243,7 +246,9 @@ func newConn(ep *endpoint.Endpoint, b *binder, o options, recvPool *bufpool.Pool
 	if err != nil {
 		return nil, err
 	}
+	every := keepaliveEvery(o.keepalive, peer.silence)
 	c := &Conn{ep: ep, o: o, recvPool: recvPool, sendPool: sendPool,
+		keepaliveEvery: every, checkEvery: o.checkEvery(every),
 		maxInline: sendSize - HeaderSize, peerMaxMessage: peer.maxMessage, grantAt: o.recvDepth / 2,
 		holdAt:  holdAt(peer),
 		credits: peer.recvDepth, peerDepth: peer.recvDepth, changed: make(chan struct{}), ctrlWake: make(chan struct{}, 1), rvSend: map[uint64]*pendingRendezvous{},

@@ -3,6 +3,7 @@ package msg
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -96,6 +97,8 @@ func FuzzParseHello(f *testing.F) {
 	f.Add(hello{recvDepth: minRecvDepth, bufSize: HeaderSize + rendezvousInfoSize, streamReader: true}.encode())
 	f.Add(append(hello{recvDepth: 1 << 20, bufSize: 1 << 30}.encode(), make([]byte, 40)...)) // CM padding
 	f.Add(hello{recvDepth: 32, bufSize: 4096, maxMessage: 1 << 20}.encode()[:helloMinSize])
+	f.Add(hello{recvDepth: 32, bufSize: 4096, maxMessage: 1 << 20, silence: time.Minute}.encode())
+	f.Add(hello{recvDepth: 32, bufSize: 4096, maxMessage: 1 << 20}.encode()[:helloMaxMessageEnd])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHello(b)
 		if err != nil {
@@ -106,6 +109,8 @@ func FuzzParseHello(f *testing.F) {
 		require.GreaterOrEqual(t, h.bufSize, HeaderSize+rendezvousInfoSize)
 		require.Positive(t, h.maxMessage)
 		require.LessOrEqual(t, h.maxMessage, maxRendezvous)
+		require.GreaterOrEqual(t, h.silence, time.Duration(0))
+		require.Zero(t, h.silence%time.Millisecond, "whole milliseconds")
 		again, err := parseHello(h.encode())
 		require.NoError(t, err)
 		require.Equal(t, h, again)

@@ -70,7 +70,8 @@ const tick = 500 * time.Millisecond
 // 1 s keepalive and a 3 s timeout.
 func tickingConn() (c *Conn, start time.Time) {
 	start = time.Unix(1000, 0)
-	return &Conn{o: options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second},
+	o := options{recvDepth: 4, keepalive: 2 * tick, keepaliveTimeout: 3 * time.Second}
+	return &Conn{o: o, checkEvery: o.checkEvery(o.keepalive),
 		lastRecv: start, rvSend: map[uint64]*pendingRendezvous{}}, start
 }
 
@@ -122,5 +123,39 @@ func TestSilenceRuleStallThenMessage(t *testing.T) {
 	}
 	if err := c.checkSilence(at); !errors.Is(err, ErrPeerSilent) {
 		t.Fatalf("%v after the message: got %v, want ErrPeerSilent", at.Sub(heard), err)
+	}
+}
+
+// TestKeepaliveKeepsToThePeer: a side sends keepalives at least every half
+// of the silence the peer tolerates (its hello), though not more often
+// than minPeerKeepalive for the peer alone, sooner if its own interval
+// says so, and never only when neither asks; its control loop
+// checks twice as often, or, sending none, four times per own timeout.
+func TestKeepaliveKeepsToThePeer(t *testing.T) {
+	s := time.Second
+	for _, c := range []struct{ own, peerSilence, want time.Duration }{
+		{2 * s, 10 * s, 2 * s},
+		{2 * s, 2 * s, s},
+		{0, 10 * s, 5 * s},
+		{time.Minute, 10 * s, 5 * s},
+		{2 * s, 0, 2 * s},
+		{0, 0, 0},
+		{2 * s, time.Millisecond, minPeerKeepalive}, // no more often than that for the peer
+		{0, time.Nanosecond, minPeerKeepalive},
+		{time.Millisecond, time.Second, time.Millisecond}, // this side's own choice
+	} {
+		if got := keepaliveEvery(c.own, c.peerSilence); got != c.want {
+			t.Errorf("own %v, peer's silence %v: every %v, want %v", c.own, c.peerSilence, got, c.want)
+		}
+	}
+	o := options{keepaliveTimeout: 8 * s}
+	if got := o.checkEvery(2 * s); got != s {
+		t.Errorf("sending every 2 s: checks every %v, want 1s", got)
+	}
+	if got := o.checkEvery(0); got != 2*s {
+		t.Errorf("sending none, 8 s timeout: checks every %v, want 2s", got)
+	}
+	if got := (options{}).checkEvery(0); got != 0 {
+		t.Errorf("neither: checks every %v, want never", got)
 	}
 }

@@ -343,8 +343,8 @@ func (c *Conn) rendezvousError(length uint32, err error) error {
 func (c *Conn) controlLoop() {
 	defer close(c.ctrlDone)
 	var tick <-chan time.Time
-	if c.o.keepalive > 0 {
-		t := time.NewTicker(c.o.checkEvery())
+	if c.checkEvery > 0 {
+		t := time.NewTicker(c.checkEvery)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -369,7 +369,7 @@ func (c *Conn) controlLoop() {
 		eofWaiting := c.eofWaitingLocked()
 		cs := c.creditStateLocked(eofWaiting)
 		eofDue := eofWaiting && cs.dataMayGo()
-		keepaliveDue := c.o.keepalive > 0 && time.Since(c.lastSend) >= c.o.keepalive
+		keepaliveDue := c.keepaliveEvery > 0 && time.Since(c.lastSend) >= c.keepaliveEvery
 		other := c.greet || eofDue || len(c.dones) > 0 || keepaliveDue
 		owed := c.mayTalk && cs.controlOwed(other, c.askedForCredit, c.creditWaiters > 0)
 		if c.closing { // only confirmations the goodbye waits for
@@ -480,7 +480,7 @@ func (c *Conn) checkSilence(now time.Time) error {
 	if c.o.keepaliveTimeout <= 0 {
 		return nil
 	}
-	if tick := c.o.checkEvery(); tick > 0 && !c.lastCheck.IsZero() {
+	if tick := c.checkEvery; tick > 0 && !c.lastCheck.IsZero() {
 		// Stopped from stalledFrom to now. A message taken since then
 		// (lastRecv later) was heard after the stop: nothing to discount.
 		if stalledFrom := c.lastCheck.Add(tick); now.After(stalledFrom) && c.lastRecv.Before(stalledFrom) {

@@ -103,7 +103,8 @@ func init() {
 
 // hello is what this side announces to its peers.
 func (o options) hello() hello {
-	return hello{recvDepth: o.recvDepth, bufSize: o.bufSize, maxMessage: o.maxRecv, streamReader: o.streamReader}
+	return hello{recvDepth: o.recvDepth, bufSize: o.bufSize, maxMessage: o.maxRecv, streamReader: o.streamReader,
+		silence: o.keepaliveTimeout}
 }
 
 // WithRecvDepth sets how many receives each connection keeps posted: the
@@ -167,19 +168,49 @@ func WithMaxRecvSize(bytes int) Option { return func(o *options) { o.maxRecv = b
 // WithCMOptions gives the connections a logger of their own.
 func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
 
-// WithKeepalive makes each side send a keepalive when it sent nothing for
+// WithKeepalive makes this side send a keepalive when it sent nothing for
 // interval, and end the connection with ErrPeerSilent when the peer, able
 // to send, sent nothing for timeout (default 2 s and 10 s; 0 turns either
-// off; timeout at least twice interval). It detects a peer or link that
-// died where the device would not (an idle connection, or a device whose
-// transport timer does not fire). Silence does not count while a
-// rendezvous is being read either way, nor while this side itself was
-// stopped (its checks, every interval/2, came late).
+// off; timeout at least twice interval). Each side tells the other its
+// timeout when they connect, and sends keepalives at least every half of
+// the peer's (but not more often than every 10 ms for it), whatever its
+// own interval: a side may set a longer interval, or none, and still keep
+// to a peer that wants to hear from it sooner. It
+// detects a peer or link that died where the device would not (an idle
+// connection, or a device whose transport timer does not fire). Silence
+// does not count while a rendezvous is being read either way, nor while
+// this side itself was stopped (its checks came late).
 func WithKeepalive(interval, timeout time.Duration) Option {
 	return func(o *options) { o.keepalive, o.keepaliveTimeout = interval, timeout }
 }
 
-// checkEvery is how often the control loop wakes to send keepalives and
-// check the peer's silence (0: only when something changes). The silence
-// rule reads a check later than this as this side having been stopped.
-func (o options) checkEvery() time.Duration { return o.keepalive / 2 }
+// keepaliveEvery is how often a side with keepalive interval own sends
+// one to a peer that tolerates silence (its hello) for at most
+// peerSilence: at least every half of that, as this side's own timeout
+// requires of its interval, though never more often than
+// minPeerKeepalive for the peer's sake alone (0: never).
+func keepaliveEvery(own, peerSilence time.Duration) time.Duration {
+	if peerSilence <= 0 {
+		return own
+	}
+	if half := max(peerSilence/2, minPeerKeepalive); own == 0 || half < own {
+		return half
+	}
+	return own
+}
+
+// minPeerKeepalive bounds how often a peer's timeout makes this side send
+// keepalives: a peer's hello must not make it send thousands a second.
+const minPeerKeepalive = 10 * time.Millisecond
+
+// checkEvery is how often the control loop of a connection that sends
+// keepalives every sendEvery wakes to send them and check the peer's
+// silence: half of that, or a quarter of this side's timeout when it sends
+// none (0: only when something changes). The silence rule reads a check
+// later than this as this side having been stopped.
+func (o options) checkEvery(sendEvery time.Duration) time.Duration {
+	if sendEvery == 0 {
+		return o.keepaliveTimeout / 4
+	}
+	return sendEvery / 2
+}

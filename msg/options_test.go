@@ -124,6 +124,7 @@ func TestHelloCarriesTheLargestMessage(t *testing.T) {
 	o, err = newOptions(nil)
 	require.NoError(t, err)
 	require.Equal(t, maxRendezvous, o.maxRecv, "the default")
+	require.Equal(t, 10*time.Second, o.hello().silence, "the default keepalive timeout")
 	o, err = newOptions([]Option{WithMaxRecvSize(0), WithBufferSize(8192)})
 	require.NoError(t, err)
 	require.Equal(t, 8192-HeaderSize, o.hello().maxMessage, "what fits a receive buffer always arrives")
@@ -239,4 +240,34 @@ func TestNotMadeIsRefused(t *testing.T) {
 	require.ErrorIs(t, mux.Handle("m", func(context.Context, []byte) ([]byte, error) { return nil, nil }), endpoint.ErrInvalid)
 	_, err := mux.Serve(ctx, "m", nil)
 	require.ErrorIs(t, err, CodeUnimplemented)
+}
+
+// The hello carries the silence a side tolerates (its keepalive timeout),
+// in whole milliseconds rounded up, never said tighter than it is, and at
+// most the field's largest; 0 says none, as does a hello that predates the
+// field (20 bytes, then the CM's zeros).
+func TestHelloCarriesTheSilence(t *testing.T) {
+	for _, c := range []struct{ set, want time.Duration }{
+		{5 * time.Second, 5 * time.Second},
+		{1500 * time.Microsecond, 2 * time.Millisecond},
+		{time.Nanosecond, time.Millisecond},
+		{0, 0},
+		{math.MaxInt64, math.MaxUint32 * time.Millisecond},
+	} {
+		h, err := parseHello(hello{recvDepth: 32, bufSize: 4096, silence: c.set}.encode())
+		require.NoError(t, err)
+		require.Equal(t, c.want, h.silence, "said %v", c.set)
+	}
+	said := hello{recvDepth: 32, bufSize: 4096, maxMessage: 1 << 20, silence: time.Second}.encode()
+	h, err := parseHello(append(said[:helloMaxMessageEnd:helloMaxMessageEnd], make([]byte, 36)...))
+	require.NoError(t, err)
+	require.Zero(t, h.silence, "a hello from before the field")
+	require.Equal(t, 1<<20, h.maxMessage, "the fields before it are read")
+
+	o, err := newOptions([]Option{WithKeepalive(time.Second, 3*time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 3*time.Second, o.hello().silence)
+	o, err = newOptions([]Option{WithKeepalive(time.Second, 0)})
+	require.NoError(t, err)
+	require.Zero(t, o.hello().silence, "no timeout: the peer need not send keepalives")
 }
