@@ -870,11 +870,13 @@ func (c *Conn) sayGoodbye(within time.Duration) {
 }
 
 // confirmedLocked says no confirmation the goodbye waits for is left:
-// every one owed is queued, or the control loop cannot send it (its last
-// credit, with none for the peer, is the goodbye's: mayControl) and it
-// is better lost than the goodbye. c.mu is held.
+// every one owed is queued, or the control loop may not send it (the
+// credit rules keep its last credit for messages that grant the peer
+// some) while the goodbye could go, and it is better lost than the
+// goodbye. c.mu is held.
 func (c *Conn) confirmedLocked() bool {
-	return len(c.dones) == 0 && !c.confirming || c.credits == 1 && c.toGrant == 0
+	blocked := c.credits >= 1 && !(creditState{credits: c.credits, toGrant: c.toGrant}).mayControl()
+	return len(c.dones) == 0 && !c.confirming || blocked
 }
 
 // awaitDelivery waits, within ctx, until the peer holds every message
