@@ -703,9 +703,8 @@ func TestRendezvousReadBeforeCloseIsConfirmed(t *testing.T) {
 
 // readThenClose dials addr, sends a 1 MiB message by rendezvous to the
 // connection its listener accepted (the next on accepted), which closes
-// right after its Recv, and says
-// what went wrong: the Send failing, the message not arriving whole, or
-// the sender not reading io.EOF after it.
+// right after its Recv, and says what went wrong: the Send failing, the
+// message not arriving whole, or the sender not reading io.EOF after it.
 func readThenClose(ctx context.Context, addr string, accepted <-chan *msg.Conn, seed int) error {
 	client, err := msg.Dial(ctx, addr)
 	if err != nil {
