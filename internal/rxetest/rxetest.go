@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-rdma/rdmacm/internal/verbs"
 )
@@ -204,18 +205,50 @@ func CheckResources(t testing.TB) {
 	before := CountResources(t)
 	t.Cleanup(func() {
 		after := CountResources(t)
-		for k, v := range before {
-			// librdmacm opens each device's context on first use and keeps
-			// it for the life of the process: not a per-test resource.
-			if k == "ctx" {
-				continue
-			}
-			if after[k] != v {
-				t.Errorf("verbs resources leaked: before %v, after %v", before, after)
-				return
+		if sameCounts(before, after) {
+			return
+		}
+		// What is left, and whether it goes soon after (freed late, by
+		// something the test did not wait for) or stays (never freed):
+		// the two are different bugs.
+		regions := describeRegions()
+		fate := fmt.Sprintf("still there %v later", leakRecheck)
+		for start := time.Now(); time.Since(start) < leakRecheck; time.Sleep(50 * time.Millisecond) {
+			if now := CountResources(t); sameCounts(before, now) {
+				fate = fmt.Sprintf("freed %v later", time.Since(start).Round(time.Millisecond))
+				break
 			}
 		}
+		t.Errorf("verbs resources leaked: before %v, after %v (%s); the device's memory regions then:\n%s",
+			before, after, fate, regions)
 	})
+}
+
+// leakRecheck is how long a failed resource check watches the counts, to
+// tell a late free from a leak.
+const leakRecheck = 2 * time.Second
+
+// sameCounts compares two counts, but for librdmacm's device contexts,
+// which it opens on first use and keeps for the life of the process: not
+// a per-test resource.
+func sameCounts(before, after Resources) bool {
+	for k, v := range before {
+		if k != "ctx" && after[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// describeRegions lists the test device's memory regions as `rdma res
+// show mr` prints them (length, owner, protection domain), for a failed
+// resource check's message.
+func describeRegions() string {
+	out, err := exec.Command("rdma", "res", "show", "mr", "dev", Device()).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("rdma res show mr: %v: %s", err, out)
+	}
+	return string(out)
 }
 
 // guardSiwKeys makes the process's soft-iWARP key guard (a CQ that lives as
