@@ -141,8 +141,7 @@ func ExampleWithMaxRecvSize() {
 			return
 		}
 		m, err := c.Recv(ctx)
-		c.Recv(ctx) // io.EOF: the client closed
-		c.Close()
+		c.Close() // the client's Send returns once its message is read
 		if err != nil {
 			received <- -1
 			return
