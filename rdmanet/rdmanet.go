@@ -1,6 +1,7 @@
 // Package rdmanet is a byte stream over RDMA with Go's net shapes: a *Conn
 // is a net.Conn and a *Listener a net.Listener, so net/http, net/rpc and
-// gRPC ride RDMA unchanged.
+// gRPC ride RDMA unchanged, and so does crypto/tls on top of them
+// (tls.NewListener, tls.Client): HTTPS and HTTP/2 over RDMA.
 //
 // A Conn is a msg connection underneath: writes travel as messages of up to
 // 64 KiB, each Write its own while the reader keeps up and small ones
