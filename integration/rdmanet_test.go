@@ -731,7 +731,10 @@ func TestRdmanetCloseThatLosesBytesIsNoEOF(t *testing.T) {
 // TestRdmanetWriteAfterPeerClose: once the peer has closed in order, this
 // side reads io.EOF, and its writes fail as a TCP conn's do then, with
 // syscall.EPIPE and msg.ErrPeerClosed, not with net.ErrClosed, which only
-// its own Close gives: after it, a write matches net.ErrClosed.
+// its own Close gives: after it, a write matches net.ErrClosed. The first
+// write the closed connection refuses is accepted (see
+// TestRdmanetTLSCloseDeliversWhatWasWritten), but only that one: every
+// write after a failed one fails.
 func TestRdmanetWriteAfterPeerClose(t *testing.T) {
 	rxetest.CheckResources(t)
 	w, r, stop, err := rdmanetPair(t)
@@ -747,6 +750,8 @@ func TestRdmanetWriteAfterPeerClose(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EPIPE)
 	require.ErrorIs(t, err, msg.ErrPeerClosed)
 	require.NotErrorIs(t, err, net.ErrClosed, "net.ErrClosed is for this side's Close")
+	_, again := w.Write([]byte("again"))
+	require.ErrorIs(t, again, syscall.EPIPE, "one write is accepted after the peer's close, not more")
 	var opErr *net.OpError
 	require.ErrorAs(t, err, &opErr)
 	require.False(t, opErr.Timeout())

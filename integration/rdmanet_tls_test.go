@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -102,6 +103,39 @@ func TestRdmanetHTTPS(t *testing.T) {
 			require.ErrorIs(t, <-served, http.ErrServerClosed)
 		})
 	}
+}
+
+// TestRdmanetTLSCloseDeliversWhatWasWritten: a tls.Conn's Close writes its
+// close_notify under a write deadline, then sets the deadline to now and
+// closes the rdmanet Conn. Close is no write: the passed deadline cuts
+// nothing short. The client writes 2 MiB and closes; the server starts
+// reading only after 300 ms, so that Close finds bytes held for its
+// credits, and reads every byte, then io.EOF (a reset would fail its
+// Read instead). The server's Close then returns nil, as over TCP: its
+// close_notify goes to a peer that closed first, and the write that meets
+// a peer's close is accepted (rdmanet.Conn.Write).
+func TestRdmanetTLSCloseDeliversWhatWasWritten(t *testing.T) {
+	rxetest.CheckResources(t)
+	serverTLS, clientTLS := testTLSConfigs(t)
+	c1, c2, stop, err := rdmanetPair(t)
+	require.NoError(t, err)
+	defer stop()
+	client, server := tls.Client(c1, clientTLS), tls.Server(c2, serverTLS)
+	want := make([]byte, 2<<20)
+	pattern(want, 3)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := client.Write(want)
+		wrote <- errors.Join(err, client.Close())
+	}()
+	require.NoError(t, server.Handshake())
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, server.SetReadDeadline(time.Now().Add(30*time.Second)))
+	got, err := io.ReadAll(server)
+	require.NoError(t, err, "read %d of %d bytes", len(got), len(want))
+	require.True(t, bytes.Equal(want, got), "read %d bytes, want %d", len(got), len(want))
+	require.NoError(t, <-wrote)
+	require.NoError(t, server.Close())
 }
 
 // testTLSConfigs makes a self-signed certificate for the name

@@ -11,8 +11,8 @@
 // the same for one direction; after SetLinger(0), Close resets instead).
 // A peer that crashed or reset gives an error instead: as on a TCP conn,
 // it matches syscall.ECONNRESET (syscall.EPIPE for a write after the
-// peer's Close), and not net.ErrClosed, which only this side's Close
-// gives.
+// peer's Close, from the second on: see Write), and not net.ErrClosed,
+// which only this side's Close gives.
 //
 // Deadlines follow net.Conn: a passed deadline fails pending and future
 // calls with an error for which errors.Is(err, os.ErrDeadlineExceeded) and
@@ -106,6 +106,9 @@ type Conn struct {
 	closed  bool         // Close released msg: a message taken out is released, not put back
 
 	writeMu sync.Mutex
+	// metGoodbye: a write met the peer's orderly close (firstAfterGoodbye);
+	// writeMu's.
+	metGoodbye bool
 
 	readDeadline, writeDeadline deadline
 
@@ -255,6 +258,13 @@ func (c *Conn) fill() error {
 // peer gives receives back, and only a Write that finds that message full
 // waits. Close sends what is held before it closes, within its linger
 // (SetLinger).
+//
+// Once the peer has closed in order, the first Write the closed connection
+// refuses is accepted and its bytes dropped, and later ones fail with
+// syscall.EPIPE: a TCP conn accepts the write that meets the peer's close,
+// and learns of it only from the reset that comes back. Code written for
+// TCP relies on it: a goodbye written at close (TLS's close_notify,
+// HTTP/2's GOAWAY) to a peer that closed first returns no error.
 func (c *Conn) Write(p []byte) (int, error) {
 	if !c.ok() {
 		return 0, syscall.EINVAL
@@ -273,7 +283,11 @@ func (c *Conn) Write(p []byte) (int, error) {
 			return written, err
 		}
 		if err := seam.WriteStream(c.c, ctx, p[written:written+n]); err != nil {
-			return written, c.opError("write", err, ctx)
+			err = c.opError("write", err, ctx)
+			if c.firstAfterGoodbye(err) {
+				return len(p), nil
+			}
+			return written, err
 		}
 		written += n
 	}
@@ -311,7 +325,9 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 			return n
 		})
 		if err != nil {
-			return sent, c.opError("readfrom", err, ctx)
+			err = c.opError("readfrom", err, ctx)
+			c.firstAfterGoodbye(err) // reported here: later Writes fail too
+			return sent, err
 		}
 		sent += int64(n)
 		switch {
@@ -321,6 +337,17 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 			return sent, rerr
 		}
 	}
+}
+
+// firstAfterGoodbye says whether err, a write's, is the first refusal of
+// one because the peer closed in order (syscall.EPIPE), and records that
+// one was met (see Write). writeMu is held.
+func (c *Conn) firstAfterGoodbye(err error) bool {
+	if c.metGoodbye || !errors.Is(err, syscall.EPIPE) {
+		return false
+	}
+	c.metGoodbye = true
+	return true
 }
 
 // errInvalidRead is a Reader's count outside 0 to the room it was given.
