@@ -734,7 +734,8 @@ func TestRdmanetCloseThatLosesBytesIsNoEOF(t *testing.T) {
 // its own Close gives: after it, a write matches net.ErrClosed. The first
 // write the closed connection refuses is accepted (see
 // TestRdmanetTLSCloseDeliversWhatWasWritten), but only that one: every
-// write after a failed one fails.
+// write after a failed one fails. CloseWrite then returns nil, as TCP's
+// shutdown does after the peer's close.
 func TestRdmanetWriteAfterPeerClose(t *testing.T) {
 	rxetest.CheckResources(t)
 	w, r, stop, err := rdmanetPair(t)
@@ -755,6 +756,7 @@ func TestRdmanetWriteAfterPeerClose(t *testing.T) {
 	var opErr *net.OpError
 	require.ErrorAs(t, err, &opErr)
 	require.False(t, opErr.Timeout())
+	require.NoError(t, w.(*rdmanet.Conn).CloseWrite(), "as TCP's shutdown after the peer's close")
 	require.NoError(t, w.Close())
 	_, err = w.Write([]byte("closed"))
 	require.ErrorIs(t, err, net.ErrClosed)
@@ -897,8 +899,9 @@ func TestRdmanetCallsAfterClose(t *testing.T) {
 // TestRdmanetSetLingerZeroResets: after SetLinger(0), Close resets the
 // connection, as a TCP conn's does: the peer, reading what arrived of a
 // write, gets an error matching syscall.ECONNRESET, never io.EOF, and so
-// cannot take a stream cut short for a whole one. SetLinger(-1) puts the
-// goodbye back (the peer reads every byte, then io.EOF).
+// cannot take a stream cut short for a whole one; its CloseWrite then
+// fails with ECONNRESET too. SetLinger(-1) puts the goodbye back (the peer
+// reads every byte, then io.EOF).
 func TestRdmanetSetLingerZeroResets(t *testing.T) {
 	rxetest.CheckResources(t)
 	for _, linger := range []int{0, -1} {
@@ -926,6 +929,7 @@ func TestRdmanetSetLingerZeroResets(t *testing.T) {
 			}
 			require.ErrorIs(t, err, syscall.ECONNRESET, "read %d of %d bytes", len(got), len(data))
 			t.Logf("read %d of %d bytes, then: %v", len(got), len(data), err)
+			require.ErrorIs(t, c2.(*rdmanet.Conn).CloseWrite(), syscall.ECONNRESET, "a reset conn's half-close fails as its Write does")
 		})
 	}
 }

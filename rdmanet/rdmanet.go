@@ -419,13 +419,18 @@ const maxLinger = int64(math.MaxInt64 / time.Second)
 // CloseWrite shuts down the writing side, as *net.TCPConn's does: the peer
 // reads every byte written before it, then io.EOF, while this side reads on.
 // Later Writes fail with an error matching msg.ErrWriteClosed. Close still
-// has to be called.
+// has to be called. After the peer's own Close it returns nil, as TCP's
+// shutdown does then (see Write); on a connection that ended otherwise it
+// fails as Write does.
 func (c *Conn) CloseWrite() error {
 	if !c.ok() {
 		return syscall.EINVAL
 	}
 	if err := c.c.CloseWrite(); err != nil {
-		return &net.OpError{Op: "close", Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		if err = c.opError("close", err, context.Background()); errors.Is(err, syscall.EPIPE) {
+			return nil
+		}
+		return err
 	}
 	return nil
 }
