@@ -155,6 +155,11 @@ func FuzzPostRequest(f *testing.F) {
 	f.Add(uint8(endpoint.OpWrite), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(3), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
 	f.Add(uint8(endpoint.OpRead), uint8(5), int64(64), uint8(0), int64(0), int64(0), uint8(1), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
 	f.Add(uint8(9), uint8(1), int64(-1), uint8(9), int64(-5), int64(1<<40), uint8(0), true, uint32(1), uint64(1), uint64(1), uint64(1), uint8(0xff))
+	// A send of two whole buffers, longer than the server's receive: it
+	// fails the server's side too, whose posts are refused from then on
+	// while its Done waits out its grace; the send after it meets that.
+	f.Add(uint8(endpoint.OpSend), uint8(0), int64(0), uint8(2), int64(0), int64(4096), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
+	f.Add(uint8(endpoint.OpSend), uint8(1), int64(64), uint8(0), int64(0), int64(0), uint8(0), false, uint32(0), uint64(0), uint64(0), uint64(0), uint8(0))
 	f.Fuzz(func(t *testing.T, op, bufKind uint8, length int64, nsegs uint8, segOff, segLen int64,
 		remoteKind uint8, hasImm bool, imm uint32, compare, swap, add uint64, flags uint8) {
 		fc := fuzzConnection(t, addr)
@@ -229,7 +234,15 @@ func (fc *fuzzConn) post(t *testing.T, r endpoint.Request) {
 	for fc.srvRecvs < serverRecvs {
 		b, ok := fc.srvPool.TryGet()
 		require.True(t, ok)
-		require.NoError(t, fc.p.server.PostRecv("srv-recv", b))
+		if err := fc.p.server.PostRecv("srv-recv", b); err != nil {
+			// An earlier input failed the server's side (a send longer
+			// than its receive): its posts are refused from the failure
+			// on, before its Done closes. The client's side fails with
+			// it, and a later input makes a new connection.
+			require.ErrorIs(t, err, endpoint.ErrClosed, "the server's receive")
+			require.NoError(t, fc.srvPool.Put(b))
+			break
+		}
 		fc.srvRecvs++
 	}
 	err := fc.p.client.PostBatch([]endpoint.Request{r})
