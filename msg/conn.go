@@ -39,9 +39,27 @@ var ErrPeerClosed = fmt.Errorf("msg: the peer closed the connection: %w", ErrClo
 // still up: this side reads on, and credits and keepalives still flow.
 var ErrWriteClosed = errors.New("msg: the write side is closed")
 
-// goodbyeTimeout bounds how long Close waits for its goodbye (and the
-// messages before it) to leave.
+// goodbyeTimeout bounds how long Close waits for what its goodbye needs
+// from the peer's application: credits, for the goodbye and for the bytes
+// the stream holds back. An application that holds every message it was
+// sent must not hold Close for longer.
 const goodbyeTimeout = time.Second
+
+// deliveryTimeout bounds how long Close waits, in all, for its goodbye and
+// the messages before it to leave once they are posted, and on iWARP for
+// the proof that the peer holds them (awaitDelivery). That is the two
+// devices' work alone, which no application holds up: it is slow only on
+// a loaded machine or link, where a shorter bound would drop the goodbye
+// and turn an orderly close into what looks like a crash, and runs out
+// only against a peer that stopped answering altogether. It is the
+// endpoint's default close timeout, its own bound on waiting for the
+// device.
+const deliveryTimeout = 5 * time.Second
+
+// goodbyeBounds are how long a Close waits for its goodbye: peer for the
+// steps that need the peer's application (goodbyeTimeout), total for all
+// of it, the device's steps too. Both are from the start of the Close.
+type goodbyeBounds struct{ peer, total time.Duration }
 
 func errorf(format string, a ...any) error { return fmt.Errorf("msg: "+format, a...) }
 
@@ -755,9 +773,13 @@ func (c *Conn) fail(err error) {
 // message it was sent still gets it. Bytes the stream holds back
 // (rdmanet's writes) go before it and need a credit of data: Close waits at
 // most a second for one, and if the peer holds every message that long, it
-// sees an error instead. Idempotent: every call returns the first one's
-// result.
-func (c *Conn) Close() error { return c.close(goodbyeTimeout) }
+// sees an error instead. What needs only the devices, the goodbye and the
+// messages before it leaving once they are posted, may take up to five
+// seconds, against a peer that stopped answering. Idempotent: every call
+// returns the first one's result.
+func (c *Conn) Close() error {
+	return c.close(goodbyeBounds{peer: goodbyeTimeout, total: deliveryTimeout})
+}
 
 // Abort ends the connection as Close does, but without the goodbye: what
 // is not yet sent (the stream's held bytes too) is dropped, and the peer's
@@ -766,16 +788,16 @@ func (c *Conn) Close() error { return c.close(goodbyeTimeout) }
 // sent is cut short, so that the peer cannot take it for the whole. Close
 // and Abort are idempotent together: the first call decides, and every
 // call returns its result.
-func (c *Conn) Abort() error { return c.close(0) }
+func (c *Conn) Abort() error { return c.close(goodbyeBounds{}) }
 
-// close is Close with a goodbye that may take up to within, or Abort's
-// without one when within <= 0.
-func (c *Conn) close(within time.Duration) error {
+// close is Close with a goodbye within bounds, or Abort's without one when
+// its total is not positive.
+func (c *Conn) close(within goodbyeBounds) error {
 	if !c.made() {
 		return errConnNotMade
 	}
 	c.closeOnce.Do(func() {
-		if within > 0 {
+		if within.total > 0 {
 			c.sayGoodbye(within)
 		} else {
 			c.mu.Lock()
@@ -827,13 +849,17 @@ func (c *Conn) close(within time.Duration) error {
 
 // sayGoodbye sends the TypeClose message, after the confirmations owed for
 // rendezvous messages read, and waits for every message posted so far to
-// leave, all within within: without a credit and a buffer by then
+// leave. It gives up without a credit and a buffer within within.peer
 // (held stream bytes wait for a credit of data, and the peer holds every
-// message it was sent), it gives up. Sends that start afterwards fail with
-// ErrClosed.
-func (c *Conn) sayGoodbye(within time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), within)
+// message it was sent), and stops waiting for the messages to leave at
+// within.total. Sends that start afterwards fail with ErrClosed.
+func (c *Conn) sayGoodbye(within goodbyeBounds) {
+	all, cancel := context.WithTimeout(context.Background(), within.total)
 	defer cancel()
+	// The steps up to the goodbye's post wait for the peer's credits;
+	// those after it need only the devices.
+	ctx, cancelPeer := context.WithTimeout(all, within.peer)
+	defer cancelPeer()
 	c.mu.Lock()
 	c.closing = true
 	c.confirmFirst = true
@@ -864,8 +890,8 @@ func (c *Conn) sayGoodbye(within time.Duration) {
 	if c.post(outgoing{b: b, h: h, last: true}) != nil {
 		return
 	}
-	if c.flush(ctx) == nil && seam.SendsCompleteLocally(c.ep) {
-		c.awaitDelivery(ctx)
+	if c.flush(all) == nil && seam.SendsCompleteLocally(c.ep) {
+		c.awaitDelivery(all)
 	}
 }
 

@@ -49,7 +49,7 @@ func init() {
 		return c.(*Conn).fillStream(ctx, fill)
 	}
 	seam.CloseWithin = func(c any, d time.Duration) error {
-		return c.(*Conn).close(d)
+		return c.(*Conn).close(goodbyeBounds{peer: d, total: d})
 	}
 	seam.ReadStream = func(c any, ctx context.Context, m any) error {
 		return c.(*Conn).recvInto(ctx, m.(*Message))
