@@ -576,12 +576,16 @@ func (ep *Endpoint) PrivateData() []byte {
 // only when they fail; those with a Notify channel go there instead), each
 // once the device has finished it. Receives come in posting order, and so
 // do sends and writes; a READ's or an atomic's comes when its response has
-// arrived, which siw reports after the sends posted behind it. After
-// Close, or the end of the connection, it delivers the remaining ones,
-// each with an error matching ErrClosed, and is then closed: read it until
-// it is closed, or use CloseAndDrain. If nobody reads it for the close
-// timeout after Close (cm.WithCloseTimeout, default 5 s), the completions
-// not read are dropped and their buffers put back in their pools.
+// arrived, which siw reports after the sends posted behind it. At the end
+// of the connection the device flushes what it holds, each with an error
+// matching ErrClosed, except on siw a send posted after the peer's
+// terminate failed the QP and before this side heard: it stays in the
+// send queue, which the device no longer reads. After Close it delivers
+// every remaining one, each with an error matching ErrClosed, and is then
+// closed: read it until it is closed, or use CloseAndDrain. If nobody
+// reads it for the close timeout after Close (cm.WithCloseTimeout,
+// default 5 s), the completions not read are dropped and their buffers
+// put back in their pools.
 func (ep *Endpoint) Completions() <-chan Completion {
 	if !ep.made() {
 		return noCompletions
