@@ -44,10 +44,14 @@ func TestRdmanetHTTPS(t *testing.T) {
 			srv.Protocols = new(http.Protocols)
 			srv.Protocols.SetHTTP1(true)
 			srv.Protocols.SetHTTP2(h2)
-			var conns atomic.Int64
+			var conns, open atomic.Int64
 			srv.ConnState = func(_ net.Conn, s http.ConnState) {
-				if s == http.StateNew {
+				switch s {
+				case http.StateNew:
 					conns.Add(1)
+					open.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					open.Add(-1)
 				}
 			}
 			served := make(chan error, 1)
@@ -101,6 +105,12 @@ func TestRdmanetHTTPS(t *testing.T) {
 			tr.CloseIdleConnections()
 			require.NoError(t, srv.Shutdown(ctx))
 			require.ErrorIs(t, <-served, http.ErrServerClosed)
+			// Shutdown may return while a connection's own goroutine is
+			// still in its Close: the Close Shutdown makes of an idle
+			// connection returns at once from a tls.Conn whose Close has
+			// begun. The resource check must come after every one.
+			require.Eventually(t, func() bool { return open.Load() == 0 }, 10*time.Second,
+				10*time.Millisecond, "the server's connections closed")
 		})
 	}
 }
