@@ -398,8 +398,9 @@ func (c *Conn) Close() error {
 // (it reads slowly) must leave first. With sec < 0, the default, Close
 // waits at most a second for the peer's credits they and the goodbye
 // need, and at most five seconds in all for the devices to carry them;
-// with sec > 0, at most sec seconds in all. If they have not left by then, or with sec == 0 at once,
-// Close drops what is not yet sent and resets the connection: the peer's
+// with sec > 0, at most sec seconds in all. If they have not left by
+// then, or with sec == 0 at once, Close drops what is not yet sent and
+// resets the connection: the peer's
 // calls fail with an error matching syscall.ECONNRESET, never io.EOF, so
 // that a peer reading a stream this side cut short (its source failed)
 // cannot take it for the whole one.
