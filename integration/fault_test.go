@@ -1181,3 +1181,40 @@ func TestInjectedAsyncEventReadFailureIsLogged(t *testing.T) {
 		"a new connection's events are read again: %s", &after)
 	require.NotContains(t, log.String(), "went down", "the first connection's reader is gone")
 }
+
+// TestInjectedLateGoodbyeStillEndsSendsInOrder: the peer disconnects right
+// after its goodbye, and its endpoint may hear of the disconnect, and
+// refuse posts, before the goodbye's completion is handled (the device
+// made to hold receive completions back, make test-faults). A Send the
+// ended endpoint refuses then waits for the messages that arrived before
+// the end, and fails with msg.ErrPeerClosed, as after an orderly close,
+// not with the disconnect; the reader reads io.EOF.
+func TestInjectedLateGoodbyeStillEndsSendsInOrder(t *testing.T) {
+	ctx := testContext(t)
+	client, server := quietMsgPair(t, ctx)
+	t.Cleanup(disarmDeviceFaults)
+	verbs.HoldCompletions(verbs.WCRecv, true)
+	require.NoError(t, client.Close())
+	// The server's endpoint hears the disconnect about as the client's
+	// Close returns. A send posted before it heard (it flushes behind the
+	// held goodbye) returns nil: the test sends again. The completions
+	// come back while the send that the endpoint refused waits for them,
+	// well before that endpoint's close would give them up.
+	time.Sleep(200 * time.Millisecond)
+	sent := make(chan error, 1)
+	for waiting := false; !waiting; {
+		go func() { sent <- server.Send(ctx, []byte("after the goodbye")) }()
+		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-sent:
+			require.NoError(t, err, "a send refused before the goodbye was handled")
+		default:
+			waiting = true
+		}
+	}
+	verbs.HoldCompletions(verbs.WCRecv, false)
+	require.ErrorIs(t, <-sent, msg.ErrPeerClosed)
+	require.ErrorIs(t, server.Err(), msg.ErrPeerClosed)
+	_, err := server.Recv(ctx)
+	require.ErrorIs(t, err, io.EOF)
+}

@@ -162,6 +162,11 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 		// The endpoint has ended, or msg is closing it after a flush:
 		// the connection's error, else the endpoint's reason, says why.
 		c.mu.Lock()
+		if c.err == nil && c.ep.Err() != nil {
+			c.mu.Unlock()
+			c.awaitArrivals()
+			c.mu.Lock()
+		}
 		if c.err != nil {
 			err = c.endedLocked()
 		} else if epErr := c.ep.Err(); epErr != nil {
@@ -174,14 +179,36 @@ func (c *Conn) postBatch(batch []outgoing) (int, error) {
 	return refused, c.endedErr()
 }
 
+// awaitArrivals waits, once the endpoint has ended under a post it
+// refused, until every message that arrived before the end is handled
+// (recvEnded), which fails the connection with why it ended: the peer's
+// goodbye (ErrPeerClosed) if it came. The peer disconnects right after its
+// goodbye, and the endpoint hears of that, and refuses posts, before the
+// goodbye's completion is handled whenever the completion goroutine is
+// behind; the sender must still learn of an orderly close. The endpoint's
+// close is started, so that the wait ends even where no receive is posted
+// for the device to flush (the application holds every message): the
+// handler's end (ended) says it then. Not for the completion handler,
+// which that wait would stop.
+func (c *Conn) awaitArrivals() {
+	c.mu.Lock()
+	c.closeEndpointLocked()
+	c.mu.Unlock()
+	<-c.recvEnded
+}
+
 // refusalError is why a post the device refused ends the connection: the
 // endpoint's reason if it has one or gets one within the endpoint's grace,
 // else the refusal. A device may refuse posts as the connection ends under
 // them: siw refuses a doorbell with ENOTCONN while the peer's close moves
 // its queue pair to the error state, and the sender must then learn of the
-// peer's leaving, as it would from the flush.
+// peer's leaving, as it would from the flush. When the endpoint has a
+// reason, the messages that arrived before the end are handled first
+// (awaitArrivals): the connection has then ended, with the peer's goodbye
+// if it came, and fail keeps that.
 func (c *Conn) refusalError(n int, err error) error {
 	if reason, _ := c.endCause(); reason != nil {
+		c.awaitArrivals()
 		return reason
 	}
 	return fmt.Errorf("msg: posting %d messages: %w", n, err)
