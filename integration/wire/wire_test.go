@@ -41,6 +41,9 @@ const (
 	keepalive        = 250 * time.Millisecond
 	keepaliveTimeout = 10 * time.Second
 	cutBound         = 15 * time.Second
+	// closeBound is msg's bound on the goodbye's device steps (five
+	// seconds) with room for the endpoint's close under TCG.
+	closeBound = 8 * time.Second
 )
 
 func opts() []msg.Option {
@@ -259,22 +262,31 @@ func dropRTU(t *testing.T, dev string) {
 			"action", "drop"})
 }
 
-// TestWireCut: the link is cut (netem loss 100%) and stays cut longer than
-// the transport timeout. Both sides, which keep sending, end the connection
-// with an error within cutBound.
-func TestWireCut(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+// cutPair is pair on port, resources checked, once each side has heard
+// the other (a message exchanged both ways); the dialer then cuts its side
+// of the link (netem loss 100%) until the test ends. server says which
+// side this is.
+func cutPair(t *testing.T, ctx context.Context, port int) (c *msg.Conn, server bool) {
+	t.Helper()
 	_, _, server, dev := rxetest.Peer(t)
 	rxetest.CheckResources(t)
-	c := pair(t, ctx, 7605)
-	// Exchange a message both ways, so each knows the other is up.
+	c = pair(t, ctx, port)
 	require.NoError(t, c.Send(ctx, []byte("hello")))
 	_, err := c.Recv(ctx)
 	require.NoError(t, err)
 	if !server {
 		netem(t, dev, "loss", "100%")
 	}
+	return c, server
+}
+
+// TestWireCut: the link is cut (netem loss 100%) and stays cut longer than
+// the transport timeout. Both sides, which keep sending, end the connection
+// with an error within cutBound.
+func TestWireCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, server := cutPair(t, ctx, 7605)
 	cut := time.Now()
 	go func() { // keep reading, so the peer's credits come back until the cut
 		for {
@@ -297,6 +309,25 @@ func TestWireCut(t *testing.T) {
 	require.ErrorIs(t, c.Err(), msg.ErrClosed)
 	t.Logf("server=%v: ended %v after the cut: %v", server, time.Since(cut).Round(time.Millisecond), c.Err())
 	require.Less(t, time.Since(cut), cutBound)
+}
+
+// TestWireCloseAfterCut: Close on a connection whose peer no longer
+// answers (the dialer's side of the link cut, netem loss 100%, so no
+// acknowledgement of either side's goodbye comes back) returns within
+// closeBound on both sides, having waited at most msg's five seconds for
+// the goodbye to leave; nothing is left behind.
+func TestWireCloseAfterCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, server := cutPair(t, ctx, 7606)
+	if server {
+		time.Sleep(500 * time.Millisecond) // the dialer cuts the link meanwhile
+	}
+	start := time.Now()
+	err := c.Close()
+	took := time.Since(start)
+	t.Logf("server=%v: Close returned %v after %v", server, err, took.Round(time.Millisecond))
+	require.Less(t, took, closeBound)
 }
 
 // TestWireResolveTimeout: an address on the link's subnet that no guest
