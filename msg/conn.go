@@ -338,8 +338,9 @@ func (o options) connOptions() []cm.Option {
 	opts = append(opts, o.cmOpts...)
 	// Every send takes a send buffer (recvDepth of them), every rendezvous
 	// a read (at most recvDepth at once), and one-sided operations at most
-	// maxOneSided: the send queue holds them all.
-	return append(opts, cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1+maxOneSided),
+	// maxOneSided, two work requests each (an iWARP write and the READ
+	// that proves it placed): the send queue holds them all.
+	return append(opts, cm.WithRecvDepth(o.recvDepth), cm.WithSendDepth(2*o.recvDepth+1+2*maxOneSided),
 		cm.WithRNRRetry(0)) // credits make RNR impossible; if it happened, it would be an error
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-rdma/rdmacm/bufpool"
 	"github.com/go-rdma/rdmacm/endpoint"
+	"github.com/go-rdma/rdmacm/internal/seam"
 )
 
 // One-sided access on a message connection: RDMA WRITE, READ and atomics
@@ -23,8 +24,8 @@ import (
 // connection, as every failed work request on an RC queue pair does.
 
 // maxOneSided is how many one-sided operations of a connection may be in
-// flight at once; each takes a send queue slot beyond those the messages
-// need, and more callers wait for one.
+// flight at once; each takes up to two send queue slots beyond those the
+// messages need (connOptions), and more callers wait for one.
 const maxOneSided = 8
 
 // PD is the connection's protection domain: register the regions the peer
@@ -37,7 +38,9 @@ func (c *Conn) PD() *bufpool.PD {
 }
 
 // WriteRemote writes p to the start of the peer's region remote (RDMA
-// WRITE) and returns once the write is complete. p is copied into
+// WRITE) and returns once the bytes are in the peer's memory, on every
+// device (on iWARP, where a write completes once TCP took it, a
+// zero-length RDMA READ behind it proves that). p is copied into
 // registered memory first.
 func (c *Conn) WriteRemote(ctx context.Context, remote bufpool.Remote, p []byte) error {
 	return c.oneSided(ctx, endpoint.Request{Op: endpoint.OpWrite, Remote: remote}, p, nil)
@@ -116,16 +119,31 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 	defer c.rv.put(region, access)
 	copy(region.Bytes(), out)
 
-	done := make(chan endpoint.Completion, 1)
+	done := make(chan endpoint.Completion, 2)
 	r.Buffer, r.Length, r.Notify = region.Buffer(), n, done
-	reads := r.Op != endpoint.OpWrite
+	reqs := []endpoint.Request{r}
+	if r.Op == endpoint.OpWrite && seam.SendsCompleteLocally(c.ep) {
+		// On iWARP the write's completion says only that TCP took the
+		// bytes. A zero-length READ behind it is answered once the peer
+		// has placed them, so that the call returns, on every device,
+		// once the bytes are in the peer's memory.
+		reqs = append(reqs, endpoint.Request{Op: endpoint.OpRead, Buffer: region.Buffer(), Notify: done})
+	}
+	reads := r.Op != endpoint.OpWrite || len(reqs) > 1
 	if reads { // the peer's messages queue behind the reply: not silence
 		c.mu.Lock()
 		c.reading++
 		c.mu.Unlock()
 	}
-	err = c.ep.PostBatch([]endpoint.Request{r})
-	if err == nil {
+	err = c.ep.PostBatch(reqs)
+	posted := len(reqs)
+	if err != nil {
+		posted = 0
+		if pe, ok := errors.AsType[*endpoint.PostError](err); ok {
+			posted = pe.Index
+		}
+	}
+	for range posted {
 		// This goroutine drives the endpoint while it waits; once the
 		// endpoint is closing, the completion goroutine hands it the
 		// flushed completion. The wait is the device's: no ctx bounds it.
@@ -133,7 +151,9 @@ func (c *Conn) oneSided(ctx context.Context, r endpoint.Request, out, in []byte)
 		if !ok {
 			comp = <-done
 		}
-		err = comp.Err
+		if err == nil {
+			err = comp.Err
+		}
 	}
 	if reads {
 		c.mu.Lock()
