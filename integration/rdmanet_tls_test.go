@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -57,8 +58,15 @@ func TestRdmanetHTTPS(t *testing.T) {
 			served := make(chan error, 1)
 			go func() { served <- srv.ServeTLS(l, "", "") }()
 
-			tr := &http.Transport{DialContext: (&rdmanet.Dialer{}).DialContext,
-				TLSClientConfig: clientTLS.Clone(), ForceAttemptHTTP2: h2}
+			var dialed atomic.Int64 // the client's connections not closed yet
+			tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := (&rdmanet.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				dialed.Add(1)
+				return &closeCounted{Conn: c, open: &dialed}, nil
+			}, TLSClientConfig: clientTLS.Clone(), ForceAttemptHTTP2: h2}
 			defer tr.CloseIdleConnections()
 			cl := &http.Client{Transport: tr}
 			url := "https://" + l.Addr().String() + "/echo"
@@ -111,8 +119,27 @@ func TestRdmanetHTTPS(t *testing.T) {
 			// begun. The resource check must come after every one.
 			require.Eventually(t, func() bool { return open.Load() == 0 }, 10*time.Second,
 				10*time.Millisecond, "the server's connections closed")
+			// So may the client's: a connection whose server closed it is
+			// closed by the Transport's own goroutine, not by
+			// CloseIdleConnections.
+			require.Eventually(t, func() bool { return dialed.Load() == 0 }, 10*time.Second,
+				10*time.Millisecond, "the client's connections closed")
 		})
 	}
+}
+
+// closeCounted is a net.Conn that counts itself out of open once its
+// first Close has returned.
+type closeCounted struct {
+	net.Conn
+	once sync.Once
+	open *atomic.Int64
+}
+
+func (c *closeCounted) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.open.Add(-1) })
+	return err
 }
 
 // TestRdmanetTLSCloseDeliversWhatWasWritten: a tls.Conn's Close writes its
