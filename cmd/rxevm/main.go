@@ -35,6 +35,7 @@ func main() {
 	timeout := flag.Duration("timeout", envDuration("RXEVM_TIMEOUT", 20*time.Minute), "kill the guests after this long; 0 for no bound (env RXEVM_TIMEOUT)")
 	memory := flag.Int("memory", 2048, "guest memory in MiB")
 	writable := flag.String("w", os.Getenv("RXEVM_WRITABLE"), "a host `dir` the guest may write (env RXEVM_WRITABLE); the rest is read-only")
+	kernel := flag.String("kernel", os.Getenv("RXEVM_KERNEL"), "boot this Debian `kernel` (e.g. 6.1.0-56-amd64) instead of the one linux-image-amd64 depends on now; fetched and cached once (env RXEVM_KERNEL)")
 	verbose := flag.Bool("v", os.Getenv("RXEVM_VERBOSE") != "", "stream the guests' consoles to stderr (env RXEVM_VERBOSE)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: rxevm [flags] command [args...]\n")
@@ -53,7 +54,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := checkFlags(*guests, *timeout); err != nil {
+	if err := checkFlags(*guests, *timeout, *kernel); err != nil {
 		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)
 		os.Exit(2)
 	}
@@ -61,6 +62,7 @@ func main() {
 	defer stop()
 	code, err := testbed.Run(ctx, flag.Args(), testbed.Options{
 		Guests: *guests, Device: *device, Timeout: *timeout, Verbose: *verbose, MemoryMB: *memory, WritableDir: *writable,
+		Kernel: *kernel,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rxevm: %v\n", err)
@@ -72,8 +74,9 @@ func main() {
 }
 
 // checkFlags refuses what the testbed would otherwise take for its default
-// (-guests 0, -memory 0) or for no bound at all (a negative -timeout).
-func checkFlags(guests int, timeout time.Duration) error {
+// (-guests 0, -memory 0) or for no bound at all (a negative -timeout), and a
+// -kernel that names no Debian kernel.
+func checkFlags(guests int, timeout time.Duration, kernel string) error {
 	if err := flagcheck.AtLeast(flag.CommandLine, 1, "guests", "memory"); err != nil {
 		return err
 	}
@@ -82,6 +85,9 @@ func checkFlags(guests int, timeout time.Duration) error {
 	}
 	if timeout < 0 {
 		return fmt.Errorf("-timeout %v: want 0 (no bound) or more", timeout)
+	}
+	if _, err := testbed.KernelPackage(kernel); err != nil {
+		return fmt.Errorf("-kernel: %w", err)
 	}
 	return nil
 }

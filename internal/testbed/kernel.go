@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -35,23 +36,32 @@ func CacheDir() (string, error) {
 	return filepath.Join(d, "rdmacm-testbed"), nil
 }
 
-// EnsureKernel returns the kernel that Debian's linux-image-amd64 currently
-// depends on, downloading and extracting it into the cache the first time.
-// The ABI number moves with point releases, so the name is resolved every
-// time; when apt cannot answer (offline), the newest cached kernel is used.
-func EnsureKernel(logf func(string, ...any)) (Kernel, error) {
+// EnsureKernel returns the kernel to boot, downloading and extracting it into
+// the cache the first time. With want empty it is the kernel Debian's
+// linux-image-amd64 currently depends on: the ABI number moves with point
+// releases, so the name is resolved every time, and when apt cannot answer
+// (offline) the newest cached kernel is used. With want set (see
+// KernelPackage) it is that kernel and no other: a comparison across kernels
+// must not silently boot a substitute.
+func EnsureKernel(want string, logf func(string, ...any)) (Kernel, error) {
 	cache, err := CacheDir()
 	if err != nil {
 		return Kernel{}, err
 	}
 	kdir := filepath.Join(cache, "kernel")
-	pkg, resolveErr := resolveKernelPackage()
-	if resolveErr != nil {
-		if k, ok := newestCachedKernel(kdir); ok {
-			logf("testbed: %v; using cached kernel %s", resolveErr, k.Version)
-			return k, nil
+	pkg, err := KernelPackage(want)
+	if err != nil {
+		return Kernel{}, fmt.Errorf("testbed: kernel: %w", err)
+	}
+	if pkg == "" {
+		var resolveErr error
+		if pkg, resolveErr = resolveKernelPackage(); resolveErr != nil {
+			if k, ok := newestCachedKernel(kdir); ok {
+				logf("testbed: %v; using cached kernel %s", resolveErr, k.Version)
+				return k, nil
+			}
+			return Kernel{}, resolveErr
 		}
-		return Kernel{}, resolveErr
 	}
 	version := strings.TrimPrefix(pkg, "linux-image-")
 	k := Kernel{Version: version, Root: filepath.Join(kdir, version)}
@@ -63,6 +73,25 @@ func EnsureKernel(logf func(string, ...any)) (Kernel, error) {
 		return Kernel{}, err
 	}
 	return k, nil
+}
+
+// kernelVersion is a Debian kernel ABI name such as 6.1.0-56-amd64: it
+// starts with a digit and holds only what a Debian package name may.
+var kernelVersion = regexp.MustCompile(`^[0-9][0-9a-z.+-]*-[a-z0-9]+$`)
+
+// KernelPackage names the Debian package of the kernel asked for, given as
+// its ABI name (6.1.0-56-amd64) or its package (linux-image-6.1.0-56-amd64),
+// or returns "" for none asked (the current one). Anything else is refused
+// before it reaches apt-get.
+func KernelPackage(want string) (string, error) {
+	if want == "" {
+		return "", nil
+	}
+	version := strings.TrimPrefix(want, "linux-image-")
+	if !kernelVersion.MatchString(version) {
+		return "", fmt.Errorf("%q is not a Debian kernel: want an ABI name such as 6.1.0-56-amd64, or its linux-image- package", want)
+	}
+	return "linux-image-" + version, nil
 }
 
 func resolveKernelPackage() (string, error) {

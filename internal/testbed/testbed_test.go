@@ -149,3 +149,52 @@ func TestAcceptUntilGivesUpWhenQemuExits(t *testing.T) {
 	_, err = acceptUntil(ctx, make(chan struct{}), listen())
 	require.ErrorIs(t, err, net.ErrClosed, "ctx ended")
 }
+
+// TestKernelPackageNamesOnlyDebianKernels: an ABI name or a package name
+// gives the package; anything else is refused before it reaches apt-get.
+func TestKernelPackageNamesOnlyDebianKernels(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                           "",
+		"6.1.0-56-amd64":             "linux-image-6.1.0-56-amd64",
+		"linux-image-6.1.0-56-amd64": "linux-image-6.1.0-56-amd64",
+		"6.12.9+bpo-amd64":           "linux-image-6.12.9+bpo-amd64",
+	} {
+		got, err := KernelPackage(in)
+		require.NoError(t, err, "%q", in)
+		require.Equal(t, want, got, "%q", in)
+	}
+	for _, bad := range []string{"linux-image-", "amd64", "6.1.0", "6.1.0-56-AMD64", "6.1.0-56-amd64 -y", "../6.1.0-56-amd64", "-6.1.0-56-amd64"} {
+		_, err := KernelPackage(bad)
+		require.ErrorContains(t, err, "is not a Debian kernel", "%q", bad)
+	}
+}
+
+// TestEnsureKernelBootsOnlyThePinnedKernel: with a kernel asked for, the
+// cached copy of that kernel is used, not the newest cached one (which is
+// what an unpinned run falls back to when apt cannot answer), and one not
+// cached is fetched or fails, never replaced by another.
+func TestEnsureKernelBootsOnlyThePinnedKernel(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("RXEVM_CACHE", cache)
+	t.Setenv("PATH", t.TempDir()) // no apt-cache, no apt-get: nothing is fetched
+	for _, v := range []string{"6.1.0-56-amd64", "6.1.0-57-amd64"} {
+		root := filepath.Join(cache, "kernel", v)
+		require.NoError(t, os.MkdirAll(root, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, ".complete"), nil, 0o644))
+	}
+	logf := func(string, ...any) {}
+
+	k, err := EnsureKernel("", logf)
+	require.NoError(t, err)
+	require.Equal(t, "6.1.0-57-amd64", k.Version, "unpinned and offline: the newest cached kernel")
+
+	k, err = EnsureKernel("linux-image-6.1.0-56-amd64", logf)
+	require.NoError(t, err)
+	require.Equal(t, Kernel{Version: "6.1.0-56-amd64", Root: filepath.Join(cache, "kernel", "6.1.0-56-amd64")}, k)
+
+	_, err = EnsureKernel("6.1.0-55-amd64", logf)
+	require.ErrorContains(t, err, "apt-get not found")
+
+	_, err = EnsureKernel("6.1.0-55-amd64;true", logf)
+	require.ErrorContains(t, err, "is not a Debian kernel")
+}

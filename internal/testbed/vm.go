@@ -43,8 +43,12 @@ type Options struct {
 	// WritableDir, if set, is a host directory the guest sees writable at
 	// the same path (everything else of the host is read-only there).
 	WritableDir string
-	Stdout      io.Writer
-	Stderr      io.Writer
+	// Kernel, if set, is the Debian kernel the guests boot (an ABI name
+	// such as 6.1.0-56-amd64, or its linux-image- package) instead of the
+	// one linux-image-amd64 depends on now; see EnsureKernel.
+	Kernel string
+	Stdout io.Writer
+	Stderr io.Writer
 }
 
 // testHost is the name the guest's /etc/hosts gives its two addresses.
@@ -95,6 +99,9 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 	if _, ok := deviceTransport[opts.Device]; !ok {
 		return 0, fmt.Errorf("testbed: device %q: want %s or %s", opts.Device, DeviceRXE, DeviceSIW)
 	}
+	if _, err := KernelPackage(opts.Kernel); err != nil {
+		return 0, fmt.Errorf("testbed: kernel: %w", err)
+	}
 	if opts.WritableDir != "" {
 		abs, err := filepath.Abs(opts.WritableDir)
 		if err != nil {
@@ -116,7 +123,9 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 		ctx, cancel = context.WithTimeoutCause(ctx, opts.Timeout, fmt.Errorf("%w after %v", ErrTimeout, opts.Timeout))
 		defer cancel()
 	}
-	if HostHasRDMA() && opts.Guests == 1 && opts.Device == DeviceRXE {
+	// A host with its own rxe device runs the command directly, unless a
+	// kernel was asked for: only a guest can boot it.
+	if HostHasRDMA() && opts.Guests == 1 && opts.Device == DeviceRXE && opts.Kernel == "" {
 		return runOnHost(ctx, argv, opts)
 	}
 	return runInGuests(ctx, argv, opts)
@@ -169,7 +178,7 @@ func runInGuests(ctx context.Context, argv []string, opts Options) (int, error) 
 	if argv[0], err = resolveCommand(argv[0]); err != nil {
 		return 0, err
 	}
-	k, err := EnsureKernel(func(f string, a ...any) { fmt.Fprintf(opts.Stderr, f+"\n", a...) })
+	k, err := EnsureKernel(opts.Kernel, func(f string, a ...any) { fmt.Fprintf(opts.Stderr, f+"\n", a...) })
 	if err != nil {
 		return 0, err
 	}
