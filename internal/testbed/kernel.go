@@ -2,13 +2,13 @@ package testbed
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 )
 
@@ -153,10 +153,60 @@ func newestCachedKernel(kdir string) (Kernel, bool) {
 	if len(stamps) == 0 {
 		return Kernel{}, false
 	}
-	sort.Strings(stamps)
-	root := filepath.Dir(stamps[len(stamps)-1])
-	return Kernel{Version: filepath.Base(root), Root: root}, true
+	newest := filepath.Dir(stamps[0])
+	for _, s := range stamps[1:] {
+		if root := filepath.Dir(s); compareVersions(filepath.Base(root), filepath.Base(newest)) > 0 {
+			newest = root
+		}
+	}
+	return Kernel{Version: filepath.Base(newest), Root: newest}, true
 }
+
+// compareVersions orders kernel ABI names as their numbers do, so that
+// 6.1.0-10-amd64 follows 6.1.0-9-amd64 (a string order puts it first): the
+// names are compared a run of digits or of other characters at a time,
+// digit runs by value.
+func compareVersions(a, b string) int {
+	for a != "" && b != "" {
+		ra, rb := leadingRun(a), leadingRun(b)
+		a, b = a[len(ra):], b[len(rb):]
+		if c := compareRuns(ra, rb); c != 0 {
+			return c
+		}
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// leadingRun is s's first run of digits, or of other characters.
+func leadingRun(s string) string {
+	digit := isDigit(s[0])
+	i := 1
+	for i < len(s) && isDigit(s[i]) == digit {
+		i++
+	}
+	return s[:i]
+}
+
+// compareRuns compares two runs: digits by value (longer without leading
+// zeros is larger), anything else as strings, digits before other text.
+func compareRuns(a, b string) int {
+	da, db := isDigit(a[0]), isDigit(b[0])
+	switch {
+	case da && db:
+		a, b = strings.TrimLeft(a, "0"), strings.TrimLeft(b, "0")
+		if c := cmp.Compare(len(a), len(b)); c != 0 {
+			return c
+		}
+	case da != db:
+		if da {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a, b)
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 func run(dir, name string, args ...string) error {
 	cmd := exec.Command(name, args...)

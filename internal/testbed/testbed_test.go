@@ -198,3 +198,50 @@ func TestEnsureKernelBootsOnlyThePinnedKernel(t *testing.T) {
 	_, err = EnsureKernel("6.1.0-55-amd64;true", logf)
 	require.ErrorContains(t, err, "is not a Debian kernel")
 }
+
+// TestNewestCachedKernelOrdersByNumber: offline, the newest cached kernel
+// is the one with the highest numbers, not the last in string order
+// (which put 6.1.0-9 after 6.1.0-10, and 6.1.0-99 after 6.1.0-100).
+func TestNewestCachedKernelOrdersByNumber(t *testing.T) {
+	for _, c := range []struct {
+		cached []string
+		newest string
+	}{
+		{[]string{"6.1.0-9-amd64", "6.1.0-10-amd64"}, "6.1.0-10-amd64"},
+		{[]string{"6.1.0-100-amd64", "6.1.0-99-amd64", "6.1.0-57-amd64"}, "6.1.0-100-amd64"},
+		{[]string{"6.1.0-57-amd64", "6.12.9+bpo-amd64", "6.9.7-amd64"}, "6.12.9+bpo-amd64"},
+		{[]string{"6.1.0-57-amd64"}, "6.1.0-57-amd64"},
+	} {
+		kdir := t.TempDir()
+		for _, v := range c.cached {
+			require.NoError(t, os.MkdirAll(filepath.Join(kdir, v), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(kdir, v, ".complete"), nil, 0o644))
+		}
+		require.NoError(t, os.MkdirAll(filepath.Join(kdir, "6.1.0-999-amd64"), 0o755)) // no .complete: half extracted
+		k, ok := newestCachedKernel(kdir)
+		require.True(t, ok)
+		require.Equal(t, c.newest, k.Version, "%v", c.cached)
+	}
+	_, ok := newestCachedKernel(t.TempDir())
+	require.False(t, ok)
+}
+
+// TestCompareVersions: numbers compare by value, the rest as text, and a
+// name that extends another follows it.
+func TestCompareVersions(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"6.1.0-9-amd64", "6.1.0-10-amd64", -1},
+		{"6.1.0-010-amd64", "6.1.0-10-amd64", 0},
+		{"6.1.0-57-amd64", "6.1.0-57-amd64", 0},
+		{"6.1.0-57-amd64", "6.1.0-57-cloud-amd64", -1},
+		{"6.1", "6.1.0", -1},
+		{"6.12.9+bpo-amd64", "6.1.0-57-amd64", 1},
+		{"6.1.0-57-amd64", "6.1.0-57a-amd64", -1},
+	} {
+		require.Equal(t, c.want, compareVersions(c.a, c.b), "%s vs %s", c.a, c.b)
+		require.Equal(t, -c.want, compareVersions(c.b, c.a), "%s vs %s", c.b, c.a)
+	}
+}
