@@ -821,7 +821,7 @@ func TestRdmanetFacingMsgPeerHoldsNothing(t *testing.T) {
 		}
 		accepted <- c
 	}()
-	peer, err := msg.Dial(ctx, l.Addr().String())
+	peer, err := msg.Dial(ctx, l.Addr().String(), msg.WithRecvDepth(32))
 	require.NoError(t, err)
 	defer peer.Close()
 	writer := <-accepted

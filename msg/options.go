@@ -18,6 +18,12 @@ import (
 // both ways would starve each other.
 const minRecvDepth = 2 * dataReserve
 
+// defaultRecvDepth lets 61 messages of data be in flight each way: an RPC
+// client's calls wait for credits only past that many at once. A
+// connection pins as many receive buffers, and up to as many send buffers,
+// of WithBufferSize's size each.
+const defaultRecvDepth = 64
+
 type options struct {
 	recvDepth int
 	bufSize   int
@@ -55,7 +61,7 @@ func checkHello(recvDepth, bufSize int) error {
 }
 
 func newOptions(opts []Option) (options, error) {
-	o := options{recvDepth: 32, bufSize: 4096, logger: zerolog.Nop(),
+	o := options{recvDepth: defaultRecvDepth, bufSize: 4096, logger: zerolog.Nop(),
 		keepalive: 2 * time.Second, keepaliveTimeout: 10 * time.Second, rvCache: 16 << 20,
 		maxRecv: maxRendezvous}
 	for _, f := range opts {
@@ -108,9 +114,11 @@ func (o options) hello() hello {
 }
 
 // WithRecvDepth sets how many receives each connection keeps posted: the
-// peer's credits (default 32, at least 6). The peer's messages of data may
+// peer's credits (default 64, at least 6). The peer's messages of data may
 // hold all but three of them before this side releases any; the last three
 // are kept for the protocol's own (credits, confirmations, keepalives).
+// It bounds the peer's messages in flight, and so an RPC client's calls in
+// flight (the server's depth) and a server's responses (the client's).
 func WithRecvDepth(n int) Option { return func(o *options) { o.recvDepth = n } }
 
 // WithBufferSize sets the size of each receive buffer, and the most a send
