@@ -325,10 +325,11 @@ func TestMsgBothWaysManySenders(t *testing.T) {
 
 // TestMsgSendsAreMostlyUnsignaled: a ping-pong of many more messages than
 // there are send buffers (64, the default receive depth) posts most sends
-// unsignaled: one in 16 (a quarter of the buffers) is signaled and brings back the buffers of those
-// before it, so the ping-pong never runs out of them; the goodbye is
-// signaled, and the peer reads every message before io.EOF. Before, every
-// message was signaled: a CQ entry, and in event mode a wake-up, each.
+// unsignaled: one in 16 (a quarter of the buffers) is signaled and brings
+// back the buffers of those before it, so the ping-pong never runs out of
+// them; the goodbye is signaled, and the peer reads every message before
+// io.EOF. Before, every message was signaled: a CQ entry, and in event mode
+// a wake-up, each.
 func TestMsgSendsAreMostlyUnsignaled(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)

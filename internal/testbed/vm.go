@@ -99,9 +99,6 @@ func Run(ctx context.Context, argv []string, opts Options) (int, error) {
 	if _, ok := deviceTransport[opts.Device]; !ok {
 		return 0, fmt.Errorf("testbed: device %q: want %s or %s", opts.Device, DeviceRXE, DeviceSIW)
 	}
-	if _, err := KernelPackage(opts.Kernel); err != nil {
-		return 0, fmt.Errorf("testbed: kernel: %w", err)
-	}
 	if opts.WritableDir != "" {
 		abs, err := filepath.Abs(opts.WritableDir)
 		if err != nil {
