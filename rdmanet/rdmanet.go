@@ -53,7 +53,9 @@ import (
 
 // The msg connection under a Conn: recvDepth receive buffers, each a
 // header and chunk bytes, so a Write sends messages of up to 64 KiB (a
-// 64 KiB Write, the common buffer size, is one message).
+// 64 KiB Write, the common buffer size, is one message). The depth is
+// half msg's default: buffers this large make each step of it cost a Conn
+// 128 KiB of pinned memory (docs/DESIGN.md, "msg").
 const (
 	chunk      = 64 << 10
 	bufferSize = msg.HeaderSize + chunk
