@@ -17,12 +17,12 @@ import (
 
 // writeChart draws each bar's speed relative to its anchor as a
 // horizontal bar on a log scale around the 1.0 line, so that right of the
-// line is faster than the C tool and left slower.
+// line is faster than the C tool and left slower, and a blue tick across
+// each bar an issue set a target for, at that target (goals).
 func writeChart(path string, bars []bar) error {
-	const rowH, top, bottom = 14, 50, 40
 	labelW := labelWidth(bars)
 	w := labelW + plotW + rightMargin
-	h := top + bottom + rowH*max(len(bars), 1)
+	h := chartTop + chartBottom + chartRowH*max(len(bars), 1)
 	img := image.NewRGBA(image.Rect(0, 0, w, h))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 	black := color.RGBA{0, 0, 0, 255}
@@ -31,29 +31,26 @@ func writeChart(path string, bars []bar) error {
 		d := &font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
 		d.DrawString(s)
 	}
-	const lo, hi = -5.0, 3.0 // log2 of the scale's ends: 1/32x to 8x
-	px := func(v float64) int {
-		l := math.Min(math.Max(math.Log2(v), lo), hi)
-		return labelW + int((l-lo)/(hi-lo)*float64(plotW))
-	}
-	for e := lo; e <= hi; e++ { // x grid, one line per doubling
+	px := func(v float64) int { return plotX(labelW, v) }
+	for e := scaleLo; e <= scaleHi; e++ { // x grid, one line per doubling
 		v := math.Exp2(e)
 		c, thick := grey, 1
 		if e == 0 {
 			c, thick = black, 2
 		}
-		line(img, px(v), top-6, px(v), h-bottom, c, thick)
+		line(img, px(v), chartTop-6, px(v), h-chartBottom, c, thick)
 		label := fmt.Sprintf("%gx", v)
 		if v < 1 {
 			label = fmt.Sprintf("1/%gx", 1/v)
 		}
-		text(px(v)-12, h-bottom+16, label, black)
+		text(px(v)-12, h-chartBottom+16, label, black)
 	}
 	text(8, 20, "Speed relative to the anchor in the same boot, rxe0 under TCG (bandwidth ours/theirs, latency theirs/ours):", black)
 	text(8, 36, "right of 1x is faster than perftest, rstream, cmtime (grpc: TCP), left slower (rpc: calls/s vs ib_send_bw msg/s); log scale.", black)
+	text(8, 52, "A blue tick is the target an issue set for that row: a bar that reaches it meets it.", goalColor)
 	slower, faster := color.RGBA{214, 39, 40, 255}, color.RGBA{44, 160, 44, 255}
 	for i, b := range bars {
-		y := top + i*rowH + rowH/2
+		y := rowY(i)
 		text(labelX, y+4, b.label, black)
 		v := b.speed
 		c := faster
@@ -64,12 +61,15 @@ func writeChart(path string, bars []bar) error {
 		for x := min(x0, x1); x <= max(x0, x1); x++ {
 			line(img, x, y-4, x, y+4, c, 1)
 		}
+		if g, ok := goalOf(b.label); ok {
+			line(img, px(g.speed), y-6, px(g.speed), y+6, goalColor, 2)
+		}
 		// A bar cut off at the scale's end says its value beside the
 		// 1x line, on the side it does not cover.
 		switch l := math.Log2(v); {
-		case l < lo:
+		case l < scaleLo:
 			text(x0+4, y+4, fmt.Sprintf("%.3gx, off the scale", v), black)
-		case l > hi:
+		case l > scaleHi:
 			text(x0-150, y+4, fmt.Sprintf("%.3gx, off the scale", v), black)
 		}
 	}
@@ -80,6 +80,27 @@ func writeChart(path string, bars []bar) error {
 	defer f.Close()
 	return png.Encode(f, img)
 }
+
+// The chart's rows are chartRowH pixels high, below chartTop pixels of
+// heading and above chartBottom pixels of scale; its scale runs from
+// 2^scaleLo to 2^scaleHi times the anchor's speed (1/32x to 8x).
+const (
+	chartRowH, chartTop, chartBottom = 14, 66, 40
+	scaleLo, scaleHi                 = -5.0, 3.0
+)
+
+// rowY is the middle of the chart's i-th row.
+func rowY(i int) int { return chartTop + i*chartRowH + chartRowH/2 }
+
+// plotX is where speed v falls on the scale of a plot that starts at
+// labelW; speeds off the scale sit at its ends.
+func plotX(labelW int, v float64) int {
+	l := math.Min(math.Max(math.Log2(v), scaleLo), scaleHi)
+	return labelW + int((l-scaleLo)/(scaleHi-scaleLo)*float64(plotW))
+}
+
+// goalColor marks the issues' targets.
+var goalColor = color.RGBA{31, 119, 180, 255}
 
 // The chart's text is basicfont's 7x13 face: labelX is where a label
 // starts, charW how far each character advances. The plot is plotW pixels

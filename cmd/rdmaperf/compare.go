@@ -224,13 +224,7 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	}
 	for _, test := range set.tests {
 		lat := strings.HasSuffix(test, "_lat")
-		polls := []string{"event", "busy"}
-		if lat {
-			polls = []string{"busy", "hybrid", "event"}
-		}
-		if test == "ud_bw" { // dgram's readers and writers wait on the channel: no mode to choose
-			polls = []string{"event"}
-		}
+		polls := pollsOf(test)
 		for _, size := range set.sizesOf(test) {
 			iters := defaultIters(test, size)
 			pts := make(map[string][]float64) // by anchor mode
@@ -311,10 +305,25 @@ func runCompare(ctx context.Context, set compareSet, out string) error {
 	if device != "rxe0" { // another device's table is a section of BENCHMARKS.md
 		return writeDeviceSection(filepath.Join(out, "BENCHMARKS.md"), device, rows, sections, set.repeat)
 	}
-	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections, set.repeat); err != nil {
+	bars := chartBars(rows, rpc, conn, monitor, grpc)
+	if err := writeMarkdown(filepath.Join(out, "BENCHMARKS.md"), rows, sections+goalsTable(bars), set.repeat); err != nil {
 		return err
 	}
-	return writeChart(filepath.Join(out, "bench.png"), chartBars(rows, rpc, conn, monitor, grpc))
+	return writeChart(filepath.Join(out, "bench.png"), bars)
+}
+
+// pollsOf is the polling modes a test runs ours with: a latency test in
+// each, a bandwidth test in event mode and busy, datagrams in event mode
+// only (dgram's readers and writers wait on the channel: no mode to
+// choose).
+func pollsOf(test string) []string {
+	switch {
+	case test == "ud_bw":
+		return []string{"event"}
+	case strings.HasSuffix(test, "_lat"):
+		return []string{"busy", "hybrid", "event"}
+	}
+	return []string{"event", "busy"}
 }
 
 // figureOf is the figure of r a comparison uses: calls/s for RPC, the

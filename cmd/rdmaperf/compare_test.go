@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"image"
+	"image/color"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -133,13 +135,7 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	assert.Equal(t, bar{"stream_bw 64K event, sysmon awake", 1.1}, got[7], "bandwidth: ours / the anchor")
 	assert.Equal(t, bar{"grpc 64 x16 callers, rdmanet vs TCP", 0.9}, got[8], "grpc: calls/s over rdmanet / over TCP")
 	assert.Equal(t, "64K", sizeLabel(65536))
-	path := filepath.Join(t.TempDir(), "bench.png")
-	require.NoError(t, writeChart(path, got))
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	img, err := png.Decode(f)
-	require.NoError(t, err)
+	img := drawnChart(t, got)
 	assert.Greater(t, img.Bounds().Dy(), 8*14, "a bar per charted row")
 	assert.Equal(t, labelWidth(got)+plotW+rightMargin, img.Bounds().Dx(), "the plot keeps its width")
 }
@@ -335,4 +331,69 @@ func TestCheckTests(t *testing.T) {
 		require.Error(t, err, bad)
 		assert.ErrorContains(t, err, "rpc, connect, monitor, grpc", bad)
 	}
+}
+
+// Every target names a bar that a full comparison charts, so that a label
+// changed on one side cannot leave a target unmarked and out of its table.
+func TestEveryGoalNamesAChartedBar(t *testing.T) {
+	var rows []row
+	for _, test := range deviceTests() {
+		for _, size := range (compareSet{sizes: compareSizes}).sizesOf(test) {
+			for _, poll := range pollsOf(test) {
+				rows = append(rows, row{Test: test, Size: size, Poll: poll, Perftest: 1, Ours: 1})
+			}
+		}
+	}
+	var rpc []rpcRow
+	for _, n := range rpcCallers {
+		rpc = append(rpc, rpcRow{Callers: n, Calls: 1, Rate: 1})
+	}
+	conn := connectRow{Conns: 1, CmtimeConns: 1, TeardownMs: 1, CmtimeTeardownMs: 1}
+	labels := map[string]bool{}
+	for _, b := range chartBars(rows, rpc, conn, nil, nil) {
+		labels[b.label] = true
+	}
+	for _, g := range goals {
+		assert.True(t, labels[g.bar], "goal %q names no bar", g.bar)
+	}
+}
+
+// The targets' table says each in its issue's terms (a time as ours /
+// the anchor, a rate as the fraction of the anchor's), and only a bar that
+// reaches its target meets it; bars without one are left out.
+func TestGoalsTableSaysEachTargetInItsTerms(t *testing.T) {
+	md := goalsTable([]bar{
+		{"send_lat 64 event", 1 / 3.7},
+		{"rpc 64 x64 callers event", 0.4},
+		{"connect teardown 500", 0.5},
+		{"send_bw 64 busy", 0.7}, // no target
+	})
+	assert.Contains(t, md, "| send_lat 64 event | 15 | at most 1.50x | 3.70x | no |")
+	assert.Contains(t, md, "| rpc 64 x64 callers event | 15 | at least 0.4 | 0.4 | yes |", "reaching it meets it")
+	assert.Contains(t, md, "| connect teardown 500 | 15 | at most 1.00x | 2.00x | no |")
+	assert.NotContains(t, md, "send_bw")
+	assert.Empty(t, goalsTable([]bar{{"send_bw 64 busy", 0.7}}), "no target, no section")
+}
+
+// The chart marks a target with a blue tick on its bar's row, at the
+// target's speed, and nowhere on a row without one.
+func TestChartMarksEachTarget(t *testing.T) {
+	bars := []bar{{"send_bw 64 busy", 0.7}, {"rpc 64 x64 callers event", 0.2}}
+	img := drawnChart(t, bars)
+	x := plotX(labelWidth(bars), 0.4)
+	assert.Equal(t, goalColor, color.RGBAModel.Convert(img.At(x, rowY(1)-5)), "the tick, above the bar")
+	assert.NotEqual(t, goalColor, color.RGBAModel.Convert(img.At(x, rowY(0)-5)), "no target, no tick")
+}
+
+// drawnChart is the chart writeChart draws of bars, as read back from its
+// file.
+func drawnChart(t *testing.T, bars []bar) image.Image {
+	path := filepath.Join(t.TempDir(), "bench.png")
+	require.NoError(t, writeChart(path, bars))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	return img
 }
