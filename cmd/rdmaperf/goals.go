@@ -20,7 +20,8 @@ type goal struct {
 // perftest's own, busy polling near perftest's, RPC against the device's
 // message rate, rendezvous against RDMA READ, connection set-up and
 // teardown against cmtime) and the net.Conn issue's (16: rdmanet against
-// rstream, in every polling mode, since the issue names none).
+// rstream, in the default event mode and with busy polling, since the
+// issue names no mode).
 var goals = []goal{
 	{"send_lat 64 event", 1 / 1.5, true, 15},
 	{"send_lat 64 busy", 1 / 1.25, true, 15},
@@ -72,7 +73,7 @@ func goalsTable(bars []bar) string {
 		}
 		if b.Len() == 0 {
 			b.WriteString("\nTargets: the speed issue's (15) and the net.Conn issue's (16), against this run's medians " +
-				"(latency and teardown as ours / the anchor, rates as ours / the anchor; the chart marks each with a blue tick). " +
+				"(latency and teardown as ours / the anchor, lower is better; rates as ours / the anchor, higher is better; the chart marks each with a blue tick). " +
 				"The notes below (\"Where the issues' targets stand\") say where a missed one's time goes and what would close it.\n\n" +
 				"| row | issue | wanted | this run | met |\n| --- | ---: | --- | ---: | --- |\n")
 		}
