@@ -136,7 +136,7 @@ func TestChartShowsEachRowsSpeedAgainstItsAnchor(t *testing.T) {
 	assert.Equal(t, bar{"grpc 64 x16 callers, rdmanet vs TCP", 0.9}, got[8], "grpc: calls/s over rdmanet / over TCP")
 	assert.Equal(t, "64K", sizeLabel(65536))
 	img := drawnChart(t, got)
-	assert.Greater(t, img.Bounds().Dy(), 8*14, "a bar per charted row")
+	assert.Equal(t, chartTop+chartBottom+chartRowH*len(got), img.Bounds().Dy(), "a row per bar")
 	assert.Equal(t, labelWidth(got)+plotW+rightMargin, img.Bounds().Dx(), "the plot keeps its width")
 }
 
@@ -383,6 +383,15 @@ func TestChartMarksEachTarget(t *testing.T) {
 	x := plotX(labelWidth(bars), 0.4)
 	assert.Equal(t, goalColor, color.RGBAModel.Convert(img.At(x, rowY(1)-5)), "the tick, above the bar")
 	assert.NotEqual(t, goalColor, color.RGBAModel.Convert(img.At(x, rowY(0)-5)), "no target, no tick")
+
+	// A target at 1x, on the black 1x line, shows beside it.
+	bars = []bar{{"connect teardown 500", 0.5}}
+	img = drawnChart(t, bars)
+	one := plotX(labelWidth(bars), 1)
+	above := rowY(0) - 10
+	assert.Equal(t, color.RGBA{0, 0, 0, 255}, color.RGBAModel.Convert(img.At(one, above)), "the 1x line, above the tick")
+	assert.Equal(t, color.RGBA{255, 255, 255, 255}, color.RGBAModel.Convert(img.At(one+2, above)), "beside the 1x line, above the tick")
+	assert.Equal(t, goalColor, color.RGBAModel.Convert(img.At(one+2, rowY(0)-5)), "the tick, wider than the line")
 }
 
 // drawnChart is the chart writeChart draws of bars, as read back from its
