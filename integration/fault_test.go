@@ -1218,3 +1218,44 @@ func TestInjectedLateGoodbyeStillEndsSendsInOrder(t *testing.T) {
 	_, err := server.Recv(ctx)
 	require.ErrorIs(t, err, io.EOF)
 }
+
+// TestInjectedNoControlMessageAfterTheGoodbye: once the peer's goodbye
+// came, a side sends it no control message (credits, asks, keepalives):
+// the peer sends nothing more, and on iWARP a message that reaches it
+// after its device stopped reading resets the connection. The goodbye's
+// send completion is held (make test-faults), so that the closing side
+// waits in Close, still connected, while the reader releases messages it
+// held, which would otherwise owe it a credit message.
+func TestInjectedNoControlMessageAfterTheGoodbye(t *testing.T) {
+	ctx := testContext(t)
+	const depth = 8 // credits are owed once half the receives are released
+	client, server, _ := msgPair(t, ctx, msg.WithRecvDepth(depth), msg.WithKeepalive(0, 0))
+	t.Cleanup(disarmDeviceFaults)
+	held := make([]*msg.Message, 0, depth/2)
+	for i := range depth / 2 {
+		require.NoError(t, client.Send(ctx, []byte{byte(i)}))
+		m, err := server.RecvMessage(ctx)
+		require.NoError(t, err)
+		held = append(held, m)
+	}
+	received := server.Stats().MessagesReceived
+	verbs.HoldCompletions(verbs.WCSend, true)
+	closed := make(chan error, 1)
+	go func() { closed <- client.Close() }()
+	require.Eventually(t, func() bool { return server.Stats().MessagesReceived > received },
+		10*time.Second, 5*time.Millisecond, "the goodbye never came")
+	sent := server.Stats().MessagesSent
+	for _, m := range held {
+		m.Release()
+	}
+	time.Sleep(300 * time.Millisecond) // a credit message would go at once
+	require.Equal(t, sent, server.Stats().MessagesSent, "messages sent to a peer that said goodbye")
+
+	verbs.HoldCompletions(verbs.WCSend, false)
+	// The held completions were taken from the CQ, so none raises the
+	// event that would wake the closing side: a message does.
+	_ = server.Send(ctx, []byte("wake"))
+	require.NoError(t, <-closed)
+	_, err := server.Recv(ctx)
+	require.ErrorIs(t, err, io.EOF)
+}

@@ -1571,10 +1571,11 @@ func recvErr(ctx context.Context, c *msg.Conn) error {
 // sent before it, then io.EOF; 20 rounds. On iWARP a send completes once
 // TCP took it, and siw resets the connection when it closes its socket
 // with the peer's bytes unread, which drops what TCP still held: Close
-// must know that the peer has everything before it disconnects. The
-// guest's TCP counters catch the reset even when the round's timing let
-// the messages through: no connection may end in one (on RoCE, whose
-// transport is not TCP, they never move).
+// must know that the peer has everything before it disconnects, and the
+// reader must send nothing after the goodbye (a late credit is reset
+// too). The guest's TCP counters catch the reset even when the round's
+// timing let the messages through: no connection may end in one (on
+// RoCE, whose transport is not TCP, they never move).
 func TestMsgCloseWhileThePeerReads(t *testing.T) {
 	ctx := testContext(t)
 	rxetest.CheckResources(t)

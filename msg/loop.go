@@ -372,8 +372,15 @@ func (c *Conn) controlLoop() {
 		keepaliveDue := c.keepaliveEvery > 0 && time.Since(c.lastSend) >= c.keepaliveEvery
 		other := c.greet || eofDue || len(c.dones) > 0 || keepaliveDue
 		owed := c.mayTalk && cs.controlOwed(other, c.askedForCredit, c.creditWaiters > 0)
-		if c.closing { // only confirmations the goodbye waits for
+		switch {
+		case c.closing: // only confirmations the goodbye waits for
 			owed = c.mayTalk && c.confirmFirst && len(c.dones) > 0
+		case c.peerClosed:
+			// The peer said goodbye and disconnects next: it sends
+			// nothing more, so credits, asks and keepalives are for
+			// nothing, and on iWARP one that reaches it after it stopped
+			// reading makes siw reset the connection (TCPAbortOnClose).
+			owed = false
 		}
 		var b *bufpool.Buffer
 		if owed && cs.mayControl() {
