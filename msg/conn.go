@@ -958,8 +958,9 @@ func (c *Conn) grant(released bool) {
 		c.dataReleased++
 	}
 	// The first credit to grant also lets the control loop spend its last
-	// one (creditState.mayControl), on a message it may owe.
-	if c.creditStateLocked(c.eofWaitingLocked()).due() || c.credits == 1 && c.toGrant == 1 {
+	// one (creditState.mayControl), on a message it may owe. After the
+	// peer's goodbye the loop owes it nothing (controlLoop): no wake-up.
+	if !c.peerClosed && (c.creditStateLocked(c.eofWaitingLocked()).due() || c.credits == 1 && c.toGrant == 1) {
 		c.wakeControl()
 	}
 	c.mu.Unlock()
