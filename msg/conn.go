@@ -959,8 +959,11 @@ func (c *Conn) grant(released bool) {
 	}
 	// The first credit to grant also lets the control loop spend its last
 	// one (creditState.mayControl), on a message it may owe. After the
-	// peer's goodbye the loop owes it nothing (controlLoop): no wake-up.
-	if !c.peerClosed && (c.creditStateLocked(c.eofWaitingLocked()).due() || c.credits == 1 && c.toGrant == 1) {
+	// peer's goodbye, and before this side's Close (whose goodbye may wait
+	// for confirmations), the loop owes it nothing (controlLoop): no
+	// wake-up.
+	silenced := c.peerClosed && !c.closing
+	if !silenced && (c.creditStateLocked(c.eofWaitingLocked()).due() || c.credits == 1 && c.toGrant == 1) {
 		c.wakeControl()
 	}
 	c.mu.Unlock()
