@@ -892,6 +892,24 @@ func (c *Conn) sayGoodbye(within goodbyeBounds) {
 		return
 	}
 	if c.flush(all) == nil && seam.SendsCompleteLocally(c.ep) {
+		c.awaitPeerDisconnect(ctx, all)
+	}
+}
+
+// awaitPeerDisconnect waits, on iWARP, for the peer to disconnect, which it
+// does on reading the goodbye, or for its own goodbye (both closed at
+// once), within peer; failing that it proves delivery (awaitDelivery)
+// within all. A send's completion there says only that TCP took the
+// bytes, and siw resets the connection when it closes its socket with
+// bytes from the peer unread: those the peer sent before it read the
+// goodbye (a credit, say) would be, were this side to disconnect first.
+// The peer sends nothing after reading the goodbye, and what it sent
+// before arrives ahead of its disconnect.
+func (c *Conn) awaitPeerDisconnect(peer, all context.Context) {
+	switch c.waitFor(peer, func() bool { return c.peerClosed }) {
+	case nil:
+		c.mu.Unlock()
+	case peer.Err():
 		c.awaitDelivery(all)
 	}
 }

@@ -181,9 +181,16 @@ func (c *Conn) endCause() (reason error, peerClosed bool) {
 // fails the send in progress with a local error, before the CM reports.
 func (c *Conn) endError(what string, err error) error {
 	reason, peerClosed := c.endCause()
+	c.mu.Lock()
+	saidGoodbye := c.closing && !c.confirmFirst
+	c.mu.Unlock()
 	switch {
 	case peerClosed:
 		return ErrPeerClosed
+	case saidGoodbye:
+		// On iWARP the peer disconnects on reading this side's goodbye
+		// (sayGoodbye): the end is this side's Close.
+		return seam.ErrClosedHere
 	case reason == nil:
 	case errors.Is(reason, err) && !errors.Is(err, endpoint.ErrClosed):
 		// The endpoint ended with this very failure, nothing else
@@ -229,8 +236,16 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 		// The peer disconnects next; its end is ErrPeerClosed then.
 		c.mu.Lock()
 		c.peerClosed = true
+		closing := c.closing
+		c.signal() // a Close may wait for it (awaitPeerDisconnect)
 		c.mu.Unlock()
 		c.recvPool.Put(b)
+		if !closing && seam.SendsCompleteLocally(c.ep) {
+			// On iWARP this side disconnects first (sayGoodbye): from
+			// now on it sends nothing, and everything it sent before
+			// reaches the peer ahead of the disconnect.
+			c.fail(ErrPeerClosed)
+		}
 	case TypeCloseWrite:
 		// The reader's io.EOF, once the messages before it are read. Its
 		// buffer (a credit) goes back when RecvMessage takes it.
