@@ -200,6 +200,52 @@ func tcpResets(t *testing.T) map[string]int64 {
 	return counts
 }
 
+// tcpResetsSettled is tcpResets once every TCP socket in the guest that
+// its owner has not closed yet is closed, within ctx: the counters move
+// when a socket is closed, and siw releases a connection's socket in a
+// kernel worker after the connection's Close returned, so an earlier
+// test's release, or this test's last one, may otherwise land on the
+// wrong side of the read.
+func tcpResetsSettled(t *testing.T, ctx context.Context) map[string]int64 {
+	t.Helper()
+	for {
+		open := tcpSocketsOpen(t)
+		if len(open) == 0 {
+			return tcpResets(t)
+		}
+		select {
+		case <-ctx.Done():
+			require.FailNow(t, "TCP sockets still open", "%s", strings.Join(open, "\n"))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// tcpSocketsOpen lists the guest's TCP sockets (/proc/net/tcp and tcp6)
+// that their owner has not closed: connecting, connected, or closed by
+// the peer only (states SYN_SENT, SYN_RECV, ESTABLISHED, CLOSE_WAIT).
+// Listening sockets and those closing or closed are left out.
+func tcpSocketsOpen(t *testing.T) []string {
+	t.Helper()
+	const established, synSent, synRecv, closeWait = "01", "02", "03", "08"
+	var open []string
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		raw, err := os.ReadFile(table)
+		require.NoError(t, err)
+		for line := range strings.Lines(string(raw)) {
+			fields := strings.Fields(line)
+			if len(fields) < 4 {
+				continue
+			}
+			switch fields[3] { // st; the header line's is "rem_address"
+			case established, synSent, synRecv, closeWait:
+				open = append(open, strings.Join(fields[1:4], " "))
+			}
+		}
+	}
+	return open
+}
+
 // testbedName returns the name the testbed's /etc/hosts gives the
 // device's IPv6 and IPv4 addresses (RDMACM_TEST_HOST). Off the testbed,
 // with no such name, the test that needs it skips.
