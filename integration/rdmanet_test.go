@@ -989,7 +989,8 @@ func TestRdmanetSetLingerWaitsForASlowReader(t *testing.T) {
 // stream holds nothing, says goodbye and returns nil; the Write then
 // fails with net.ErrClosed (or, where it won the race for each credit,
 // it completed), and the peer reads exactly the bytes the Write counted,
-// then io.EOF. With the peer reading only after Close, the linger runs
+// then io.EOF. With the peer reading only after Close, and Close coming
+// once the Write waits for a credit with bytes held, the linger runs
 // out: Close resets, the Write fails with net.ErrClosed, and the peer
 // reads part of what the Write counted, then ECONNRESET.
 func TestRdmanetSetLingerCloseWithAWriteWaiting(t *testing.T) {
@@ -1025,7 +1026,15 @@ func TestRdmanetSetLingerCloseWithAWriteWaiting(t *testing.T) {
 				read <- got
 				readErr <- err
 			}()
-			time.Sleep(300 * time.Millisecond) // the Write fills the peer's receives and waits
+			if name == "peer_waits" {
+				// Close must find the stream holding bytes the peer has
+				// no room for: the Write filled the peer's receives and
+				// waits for a credit with its next message held.
+				require.Eventually(t, func() bool { return c1.(*rdmanet.Conn).Stats().CreditWaits > 0 },
+					20*time.Second, 10*time.Millisecond, "the Write never waited for a credit")
+			} else {
+				time.Sleep(300 * time.Millisecond) // the Write fills the peer's receives and waits
+			}
 			require.NoError(t, c1.Close())
 			close(closed)
 			w := <-wrote
