@@ -188,8 +188,9 @@ func (c *Conn) endError(what string, err error) error {
 	case peerClosed:
 		return ErrPeerClosed
 	case saidGoodbye:
-		// On iWARP the peer disconnects on reading this side's goodbye
-		// (sayGoodbye): the end is this side's Close.
+		// This side's Close said goodbye, or Abort is closing: the end
+		// is its own, though on iWARP the peer's disconnect, on reading
+		// the goodbye, may be what this side sees first (sayGoodbye).
 		return seam.ErrClosedHere
 	case reason == nil:
 	case errors.Is(reason, err) && !errors.Is(err, endpoint.ErrClosed):
@@ -233,7 +234,8 @@ func (c *Conn) received(b *bufpool.Buffer, n int) error {
 	case TypeCredit:
 		c.repost(b)
 	case TypeClose:
-		// The peer disconnects next; its end is ErrPeerClosed then.
+		// The peer disconnects next (on iWARP this side does, below); the
+		// end is ErrPeerClosed either way.
 		c.mu.Lock()
 		c.peerClosed = true
 		closing := c.closing
