@@ -120,12 +120,13 @@ const rendezvousAnchorSize = 1 << 20
 
 // anchor runs the C tool a test is compared with: perftest's for the
 // verbs tests (in its event mode, -e, when mode is "event"), rstream
-// (rsockets) for rdmanet's stream tests, ib_read_bw at 1 MiB for msg's
-// rendezvous, ib_send_bw -c UD for datagrams.
+// (rsockets; its blocking mode when mode is "event") for rdmanet's stream
+// tests, ib_read_bw at 1 MiB for msg's rendezvous, ib_send_bw -c UD for
+// datagrams.
 func anchor(ctx context.Context, test, mode, device, host string, port, size, iters int, lat bool) (float64, error) {
 	switch test {
 	case "stream_bw", "stream_lat":
-		return runRstream(ctx, test, host, port, size, iters)
+		return runRstream(ctx, rstreamArgs(test, mode, port, size, iters), test == "stream_lat", host)
 	case "rendezvous":
 		s := rendezvousAnchorSize
 		return runPerftest(ctx, "ib_read_bw", device, host, port, s, defaultIters("read_bw", s), colBWAverage)
@@ -147,11 +148,14 @@ func anchor(ctx context.Context, test, mode, device, host string, port, size, it
 }
 
 // anchorModes are the modes of the C tool a test is compared in: its
-// default (busy polling), and for send_lat and read_lat also perftest's
-// event mode, the fair match for ours with event polling (ib_write_lat
-// has none: "Events feature not available on WRITE verb").
+// default (busy polling; rstream's non-blocking calls spin too), and, as
+// the fair match for ours with event polling, perftest's event mode for
+// send_lat and read_lat (ib_write_lat has none: "Events feature not
+// available on WRITE verb") and rstream's blocking calls for the stream
+// tests (rsockets then sleeps on its completion channel).
 func anchorModes(test string) []string {
-	if test == "send_lat" || test == "read_lat" {
+	switch test {
+	case "send_lat", "read_lat", "stream_bw", "stream_lat":
 		return []string{"busy", "event"}
 	}
 	return []string{"busy"}
@@ -501,8 +505,9 @@ func writeMarkdown(path string, rows []row, sections string, repeat int) error {
 		"Latency is t_typical in µs (send and write: half the round trip; read: the whole; lower is better, ratio = ours / perftest). " +
 		"Ours is shown with each polling mode (hybrid spins 200 µs, about a 4 KiB round trip here, before it sleeps); perftest busy-polls, " +
 		"except in the send_lat and read_lat rows with event polling, which are compared with perftest's own event mode (`-e`; ib_write_lat has none). " +
-		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets, its default " +
-		"non-blocking mode) in the perftest columns, in rstream's shape: writes of 64 KiB (and 1 KiB) one way then back, and a 64 B ping-pong; " +
+		"stream_bw and stream_lat measure package rdmanet (a net.Conn) against librdmacm's rstream (rsockets) in the perftest columns: " +
+		"its default non-blocking calls, which spin, and in the rows with event polling its blocking calls (`-T b`), which sleep on the completion channel; " +
+		"both in rstream's shape: writes of 64 KiB (and 1 KiB) one way then back, and a 64 B ping-pong; " +
 		"bandwidth counts both directions, latency is the average time per transfer. " +
 		"rendezvous is msg's large messages, 8 MiB each sent in turn (the receiver pulls each with RDMA READ), against ib_read_bw at 1 MiB. ")
 	fmt.Fprintf(&b, "Each figure is the median of %d runs; perftest's and ours alternate. "+

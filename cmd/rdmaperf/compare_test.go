@@ -198,14 +198,24 @@ func TestParseRstream(t *testing.T) {
 	require.Error(t, err)
 }
 
-func TestEventLatencyRowsAreComparedWithPerftestEventMode(t *testing.T) {
+func TestEventRowsAreComparedWithTheCToolsBlockingMode(t *testing.T) {
 	assert.Equal(t, []string{"busy", "event"}, anchorModes("send_lat"))
 	assert.Equal(t, "event", anchorMode("send_lat", "event"))
 	assert.Equal(t, "busy", anchorMode("send_lat", "hybrid"))
 	assert.Equal(t, "busy", anchorMode("write_lat", "event"), "ib_write_lat has no event mode")
 	assert.Equal(t, []string{"busy"}, anchorModes("send_bw"), "bandwidth keeps perftest's default")
 	assert.Equal(t, "busy", anchorMode("send_bw", "event"))
-	assert.Equal(t, "busy", anchorMode("stream_lat", "event"), "rstream has no event mode of its own")
+	assert.Equal(t, "event", anchorMode("stream_lat", "event"), "rstream's blocking calls")
+	assert.Equal(t, "event", anchorMode("stream_bw", "event"))
+	assert.Equal(t, "busy", anchorMode("stream_lat", "busy"), "rstream's default non-blocking calls spin")
+	assert.Equal(t, "busy", anchorMode("stream_lat", "hybrid"))
+}
+
+// TestRstreamArgs: rstream runs in the stream test's shape, and blocks
+// (-T b) only as the anchor of event polling.
+func TestRstreamArgs(t *testing.T) {
+	assert.Equal(t, []string{"-p", "18701", "-S", "64", "-I", "2000", "-C", "1"}, rstreamArgs("stream_lat", "busy", 18701, 64, 2000))
+	assert.Equal(t, []string{"-p", "18702", "-S", "65536", "-I", "1", "-C", "2000", "-T", "b"}, rstreamArgs("stream_bw", "event", 18702, 65536, 2000))
 }
 
 func TestRPCTableRatiosAgainstTheMessageRate(t *testing.T) {

@@ -120,7 +120,7 @@ func compareMonitor(ctx context.Context, self, device, host string, nextPort fun
 }
 
 // monitorAnchor is a case's C tool, as the main tables run it:
-// ib_send_lat -e, rstream, ib_send_bw's message rate.
+// ib_send_lat -e, rstream -T b, ib_send_bw's message rate.
 func monitorAnchor(ctx context.Context, c monitorCase, device, host string, port, iters int) (float64, error) {
 	if c.test == "rpc" {
 		return sendBWMsgRate(ctx, device, host, port)
@@ -134,7 +134,7 @@ func monitorTable(rows []monitorRow) string {
 	b.WriteString("\nEvent mode and Go's system monitor: the event-mode rows that wait the most, in the default runtime " +
 		"and with `" + monitorAwake + "`, which keeps the runtime's monitor thread from parking while the process is idle " +
 		"(docs/DESIGN.md, \"Event mode and the Go runtime\"), against the same anchors as above (`ib_send_lat -R -e`, " +
-		"rstream, `ib_send_bw -R -s 64`'s message rate) in the same boot. Ratios as above: latency ours/anchor, " +
+		"rstream `-T b`, `ib_send_bw -R -s 64`'s message rate) in the same boot. Ratios as above: latency ours/anchor, " +
 		"rates (calls/s, MiB/s) ours/anchor.\n\n" +
 		"| test | anchor | default | ratio | sysmon awake | ratio | anchor runs | default runs | awake runs |\n" +
 		"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")

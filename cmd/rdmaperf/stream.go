@@ -139,15 +139,25 @@ func streamRecv(c net.Conn, b []byte, n int) error {
 	return nil
 }
 
-// runRstream runs librdmacm's rstream server in the background and its
-// client, in the stream test's shape, and returns the client's MiB/s (bw)
-// or usec/xfer (lat).
-func runRstream(ctx context.Context, test, host string, port, size, iters int) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, runTimeout)
-	defer cancel()
+// rstreamArgs are rstream's flags for a stream test, in its shape, on
+// port: its blocking calls (-T b) when mode is "event", its default
+// non-blocking ones otherwise.
+func rstreamArgs(test, mode string, port, size, iters int) []string {
 	iterations, transfers := streamShape(config{test: test, iters: iters})
 	args := []string{"-p", strconv.Itoa(port), "-S", strconv.Itoa(size),
 		"-I", strconv.Itoa(iterations), "-C", strconv.Itoa(transfers)}
+	if mode == "event" {
+		args = append(args, "-T", "b")
+	}
+	return args
+}
+
+// runRstream runs librdmacm's rstream server in the background and its
+// client on host with args (rstreamArgs), and returns the client's MiB/s,
+// or usec/xfer when lat.
+func runRstream(ctx context.Context, args []string, lat bool, host string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, runTimeout)
+	defer cancel()
 	srv := exec.CommandContext(ctx, "rstream", append([]string{"-b", host}, args...)...)
 	if err := srv.Start(); err != nil {
 		return 0, err
@@ -164,7 +174,7 @@ func runRstream(ctx context.Context, test, host string, port, size, iters int) (
 	if err != nil {
 		return 0, fmt.Errorf("rstream: %v: %s", err, out)
 	}
-	return parseRstream(string(out), test == "stream_lat")
+	return parseRstream(string(out), lat)
 }
 
 // parseRstream reads the line under rstream's header (name bytes xfers
