@@ -126,7 +126,7 @@ const rendezvousAnchorSize = 1 << 20
 func anchor(ctx context.Context, test, mode, device, host string, port, size, iters int, lat bool) (float64, error) {
 	switch test {
 	case "stream_bw", "stream_lat":
-		return runRstream(ctx, rstreamArgs(test, mode, port, size, iters), test == "stream_lat", host)
+		return runRstream(ctx, test, mode, host, port, size, iters)
 	case "rendezvous":
 		s := rendezvousAnchorSize
 		return runPerftest(ctx, "ib_read_bw", device, host, port, s, defaultIters("read_bw", s), colBWAverage)

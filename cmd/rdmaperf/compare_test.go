@@ -186,15 +186,24 @@ func TestIWARPRunsNoImmediateDataNorDatagrams(t *testing.T) {
 // TestParseRstream reads the result line of rstream's custom mode, laid out
 // as rstream.c's show_perf prints it.
 func TestParseRstream(t *testing.T) {
-	out := fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8s %10s%13s\n", "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer") +
-		fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8.2fs%10.2f%11.2f\n", "custom", "64k", "2k", "1", "256m", 1.25, 1.72, 305.12)
-	lat, err := parseRstream(out, true)
+	line := func(size string, gbps, usec float64) string {
+		return fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8s %10s%13s\n", "name", "bytes", "xfers", "iters", "total", "time", "Gb/sec", "usec/xfer") +
+			fmt.Sprintf("%-10s%-8s%-8s%-8s%-8s%8.2fs%10.2f%11.2f\n", "custom", size, "2k", "1", "256m", 1.25, gbps, usec)
+	}
+	out := line("64k", 1.72, 305.12)
+	lat, err := parseRstream(out, 65536, true)
 	require.NoError(t, err)
 	require.InDelta(t, 305.12, lat, 1e-9)
-	bw, err := parseRstream(out, false)
+	bw, err := parseRstream(out, 65536, false)
 	require.NoError(t, err)
-	require.InDelta(t, 1.72e9/8/(1<<20), bw, 1e-6)
-	_, err = parseRstream("rstream: connection refused\n", true)
+	require.InDelta(t, 65536/305.12*1e6/(1<<20), bw, 1e-9, "a transfer's bytes in its time")
+	// 1 KiB in 300 µs is 3.26 MiB/s, which Gb/sec rounds to 0.03 (3.58).
+	bw, err = parseRstream(line("1k", 0.03, 300), 1024, false)
+	require.NoError(t, err)
+	require.InDelta(t, 1024/300.0*1e6/(1<<20), bw, 1e-9, "not the rounded Gb/sec")
+	_, err = parseRstream(line("1k", 0, 0), 1024, false)
+	require.ErrorContains(t, err, "usec/xfer", "no time is no bandwidth")
+	_, err = parseRstream("rstream: connection refused\n", 64, true)
 	require.Error(t, err)
 }
 

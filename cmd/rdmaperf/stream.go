@@ -153,9 +153,11 @@ func rstreamArgs(test, mode string, port, size, iters int) []string {
 }
 
 // runRstream runs librdmacm's rstream server in the background and its
-// client on host with args (rstreamArgs), and returns the client's MiB/s,
-// or usec/xfer when lat.
-func runRstream(ctx context.Context, args []string, lat bool, host string) (float64, error) {
+// client on host, in the stream test's shape and mode (rstreamArgs), and
+// returns the client's MiB/s, or usec/xfer for stream_lat.
+func runRstream(ctx context.Context, test, mode, host string, port, size, iters int) (float64, error) {
+	args := rstreamArgs(test, mode, port, size, iters)
+	lat := test == "stream_lat"
 	ctx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
 	srv := exec.CommandContext(ctx, "rstream", append([]string{"-b", host}, args...)...)
@@ -174,13 +176,15 @@ func runRstream(ctx context.Context, args []string, lat bool, host string) (floa
 	if err != nil {
 		return 0, fmt.Errorf("rstream: %v: %s", err, out)
 	}
-	return parseRstream(string(out), lat)
+	return parseRstream(string(out), size, lat)
 }
 
 // parseRstream reads the line under rstream's header (name bytes xfers
-// iters total time Gb/sec usec/xfer): usec/xfer for latency, Gb/sec
-// (decimal gigabits) as MiB/s for bandwidth.
-func parseRstream(text string, lat bool) (float64, error) {
+// iters total time Gb/sec usec/xfer) of transfers of size bytes:
+// usec/xfer for latency, and for bandwidth size bytes per usec/xfer as
+// MiB/s. Its Gb/sec is the same figure rounded to 0.01 (1.19 MiB/s), too
+// coarse for small writes on a slow device; usec/xfer keeps 0.01 µs.
+func parseRstream(text string, size int, lat bool) (float64, error) {
 	lines := strings.Split(text, "\n")
 	for i, l := range lines {
 		if !strings.HasPrefix(l, "name") || i+1 >= len(lines) {
@@ -190,11 +194,14 @@ func parseRstream(text string, lat bool) (float64, error) {
 		if len(f) != 8 {
 			break
 		}
-		if lat {
-			return strconv.ParseFloat(f[7], 64)
+		usec, err := strconv.ParseFloat(f[7], 64)
+		if err != nil || lat {
+			return usec, err
 		}
-		gbps, err := strconv.ParseFloat(f[6], 64)
-		return gbps * 1e9 / 8 / (1 << 20), err
+		if usec <= 0 {
+			return 0, fmt.Errorf("rstream took %v usec/xfer:\n%s", usec, text)
+		}
+		return float64(size) / usec * 1e6 / (1 << 20), nil
 	}
 	return 0, fmt.Errorf("no result in rstream's output:\n%s", text)
 }
