@@ -188,6 +188,8 @@ type cqPoller struct {
 	// progress moves each time a poll handled completions (handler mode)
 	// and at each Wake: a caller of Progress returns when it moved.
 	progress  atomic.Uint64
+	spun      atomic.Uint32 // polls of spinning callers, ever
+	yielded   atomic.Int64  // when a spinning caller last yielded, since spinEpoch
 	seenCalls uint64        // nextCalls when the completion goroutine last looked
 	kick      chan struct{} // wakes a completion goroutine standing aside
 	kicked    atomic.Bool   // a goroutine waits for a completion it does not poll for (seam.Kick)

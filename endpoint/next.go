@@ -23,16 +23,40 @@ const (
 // and the time between two looks is how late a completion is seen). It
 // checks its context, its spin time and the channel (for its close) once
 // per spinCheckEvery polls: each check costs more than a poll under
-// emulation. It yields the processor once per yieldEvery polls, so that
-// other goroutines run even with GOMAXPROCS=1; not more often, because
-// each runtime.Gosched also wakes an idle thread to look for work, which on
-// a small machine takes the CPU from the device's own (rxe runs in the
-// kernel) and bounces the spinning goroutine between threads.
+// emulation.
+//
+// The spinning callers yield the processor once yieldEvery has passed
+// since one of them last did, looking at the clock once per
+// yieldCheckEvery polls counted across calls of Next (a ping-pong's Next
+// returns within a few polls, and a count that started again at each call
+// would never reach a yield). The yield lets other goroutines run even
+// with GOMAXPROCS=1, and reschedules the spinner before the runtime's
+// system monitor finds it on one time slice for 10 ms: the monitor then
+// takes its P while it is in a call into C, most of a spin's time, and
+// every such take sets the monitor waking every 20 µs again for a
+// millisecond or more. Each of those wake-ups is a context switch that
+// takes a CPU from a spinner or from the device's own work (rxe runs in
+// the kernel). Not more often either: each runtime.Gosched wakes an idle
+// thread to look for work, at the same cost.
 const (
-	pollsPerCall   = 16
-	spinCheckEvery = 64
-	yieldEvery     = 1024
+	pollsPerCall    = 16
+	spinCheckEvery  = 64
+	yieldCheckEvery = 1024
+	yieldEvery      = 2 * time.Millisecond
 )
+
+// yieldIfDue yields the processor if no spinning caller has done so for
+// yieldEvery; the first caller to see it due does.
+func (p *cqPoller) yieldIfDue() {
+	now := time.Since(spinEpoch)
+	last := time.Duration(p.yielded.Load())
+	if now-last >= yieldEvery && p.yielded.CompareAndSwap(int64(last), int64(now)) {
+		runtime.Gosched()
+	}
+}
+
+// spinEpoch is what cqPoller.yielded counts from, on the monotonic clock.
+var spinEpoch = time.Now()
 
 // Next waits for the next completion of the stream Completions delivers
 // (each completion goes to one reader: Next or the channel).
@@ -48,9 +72,10 @@ const (
 //
 // While callers wait in Next, the completion goroutine stands aside (it
 // looks again after 1 ms, backing off to every 16 ms while Next is still
-// called), so a completion nobody waits for in Next can reach Completions
-// up to 16 ms later: an endpoint is best read one way, Next or the
-// channel. A spinning Next yields the processor every 1024 polls and
+// called, and polls once a look finds no Next since the last), so a
+// completion nobody waits for in Next, arriving when no Next is polling,
+// can reach Completions up to 32 ms later: an endpoint is best read one
+// way, Next or the channel. A spinning Next yields the processor every 2 ms and
 // otherwise keeps its P busy: a program with spinning callers wants
 // GOMAXPROCS above their number.
 //
@@ -192,8 +217,8 @@ func (ep *Endpoint) spin(ctx context.Context, since uint64) (c Completion, got b
 				return Completion{}, false, nil
 			}
 		}
-		if i%yieldEvery == 0 {
-			runtime.Gosched()
+		if ep.poller.spun.Add(pollsPerCall)%yieldCheckEvery == 0 {
+			ep.poller.yieldIfDue()
 		}
 	}
 }
@@ -239,24 +264,35 @@ func (p *cqPoller) callersPolling() bool {
 }
 
 // standAside parks the completion goroutine until a caller leaves Next
-// without a completion, Close, or the back-off time has passed.
+// without a completion, Close, or a look after the back-off time finds
+// the endpoint closing or no caller of Next since the last look. A look
+// reads flags and counters and nothing else: polling the CQ, or taking a
+// lock the spinning callers hold, would make them wake this goroutine
+// (and an idle thread to run it) when they let go of it, and a caller in
+// Next drains the CQ anyway.
 func (p *cqPoller) standAside() {
-	p.asideFor = min(max(minAside, 2*p.asideFor), maxAside)
-	if p.aside == nil {
-		p.aside = time.NewTimer(p.asideFor)
-	} else {
-		p.aside.Reset(p.asideFor)
-	}
-	select {
-	case <-p.kick:
-		p.aside.Stop()
-		p.asideFor = 0
-		p.kicked.Store(false)
-		// Whoever kicked left Next without a completion and now waits
-		// for this goroutine: the Next calls so far must not make it
-		// stand aside again on its next look.
-		p.seenCalls = p.nextCalls.Load()
-	case <-p.aside.C:
+	for {
+		p.asideFor = min(max(minAside, 2*p.asideFor), maxAside)
+		if p.aside == nil {
+			p.aside = time.NewTimer(p.asideFor)
+		} else {
+			p.aside.Reset(p.asideFor)
+		}
+		select {
+		case <-p.kick:
+			p.aside.Stop()
+			p.asideFor = 0
+			p.kicked.Store(false)
+			// Whoever kicked left Next without a completion and now waits
+			// for this goroutine: the Next calls so far must not make it
+			// stand aside again on its next look.
+			p.seenCalls = p.nextCalls.Load()
+			return
+		case <-p.aside.C:
+		}
+		if p.isClosing() || !p.callersPolling() {
+			return
+		}
 	}
 }
 
