@@ -75,9 +75,9 @@ var spinEpoch = time.Now()
 // called, and polls once a look finds no Next since the last), so a
 // completion nobody waits for in Next, arriving when no Next is polling,
 // can reach Completions up to 32 ms later: an endpoint is best read one
-// way, Next or the channel. A spinning Next yields the processor every 2 ms and
-// otherwise keeps its P busy: a program with spinning callers wants
-// GOMAXPROCS above their number.
+// way, Next or the channel. A spinning Next yields the processor every
+// 2 ms and otherwise keeps its P busy: a program with spinning callers
+// wants GOMAXPROCS above their number.
 //
 // Next returns ctx's error when ctx ends first, and an error matching
 // ErrClosed once the endpoint is closed and every completion was delivered.
